@@ -1,0 +1,254 @@
+"""The ``mmlake`` command line. Every failure a user can cause ends in one line on stderr and a
+non-zero exit code (2 for bad arguments, 1 for everything else)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from mmlake.errors import MmlakeError
+
+
+def _partitions(text: str) -> list[int]:
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated partition numbers, got {text!r}") from None
+    if not values or values[0] < 0:
+        raise argparse.ArgumentTypeError(f"expected partition numbers >= 0, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from ingest.settings import IngestSettings
+
+    return IngestSettings().with_overrides(
+        lake=getattr(args, "lake", None),
+        kafka_bootstrap=getattr(args, "bootstrap", None),
+        allowed_lateness_s=getattr(args, "allowed_lateness", None),
+    )
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from ingest.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(port=args.port).start()
+    print(f"embedded Kafka broker (Tansu, in memory) at {broker.bootstrap}; Ctrl-C stops it", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: broker.stop())
+    try:
+        broker.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from ingest.producer import produce_path
+
+    settings = _settings(args)
+    sent = produce_path(
+        args.path, args.topic, settings.kafka_bootstrap, partitions=args.partitions,
+        timeout_s=settings.kafka_timeout_s,
+    )
+    print(f"produced {sent} records to {args.topic} at {settings.kafka_bootstrap}")
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from ingest.broker import wait_for_kafka
+
+    settings = _settings(args)
+    # Fail fast, before Prefect spends seconds starting, when the broker is not there.
+    wait_for_kafka(settings.kafka_bootstrap, settings.kafka_timeout_s)
+    from flows.ingest import STOP, ingest_stream
+
+    def stop(*_: object) -> None:
+        STOP.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    result = ingest_stream(
+        topic=args.topic,
+        stream=args.stream,
+        lake=settings.lake,
+        bootstrap=settings.kafka_bootstrap,
+        partitions=args.partitions,
+        follow=args.follow,
+        max_records=args.max_records,
+        allowed_lateness_s=settings.allowed_lateness_s,
+    )
+    from ingest.engine import IngestSummary
+
+    offsets = {int(p): span for p, span in result["offsets"].items()}
+    fields = {k: v for k, v in result.items() if k in IngestSummary.__dataclass_fields__}
+    print(IngestSummary(**{**fields, "offsets": offsets}).line())
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from ingest.maintenance import compact
+
+    settings = _settings(args)
+    report = compact(
+        settings.lake, args.stream, retention_hours=args.retention_hours,
+        storage_options=dict(settings.storage_options),
+    )
+    if not report:
+        raise MmlakeError(f"stream {args.stream!r} has no tables under {settings.lake}")
+    for table, stats in report.items():
+        print(
+            f"{args.stream}/{table}: z-ordered by event_time, {stats['files_removed']} files -> "
+            f"{stats['files_added']}, vacuumed {stats['vacuumed']}, version {stats['version']}"
+        )
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    from ingest.reader import read_stream
+
+    settings = _settings(args)
+    shown = 0
+    cols = ["event_time", "modality", "sample_id", "record_id", "kafka_partition", "kafka_offset"]
+    for batch in read_stream(
+        settings.lake, args.stream, args.start, args.end, table=args.table, columns=cols,
+        storage_options=dict(settings.storage_options),
+    ):
+        for row in batch.to_pylist():
+            if shown >= args.limit:
+                return 0
+            print(
+                f"{row['event_time'].isoformat()}  {row['modality']:<5}  {row['sample_id']}  "
+                f"{row['record_id'][:12]}  p{row['kafka_partition']}@{row['kafka_offset']}"
+            )
+            shown += 1
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flows.deployments import serve_ingest
+
+    settings = _settings(args)
+    serve_ingest(
+        topic=args.topic, stream=args.stream, lake=settings.lake,
+        bootstrap=settings.kafka_bootstrap, interval_s=args.interval,
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from flows.demo import run_demo
+
+    return run_demo(lake=args.lake, samples=args.samples)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmlake", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def kafka(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: $MMLAKE_KAFKA_BOOTSTRAP or 127.0.0.1:9092)")
+
+    def lake(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--lake", help="lake root, a path or object-store URI (default: $MMLAKE_LAKE or ./lake)")
+
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (in memory)")
+    p.add_argument("--port", type=_positive_int, default=9092)
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("produce", help="produce a folder of files or a JSONL manifest into a topic")
+    p.add_argument("path", help="a folder (.png .jpg .wav .txt) or a JSONL manifest")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partitions", type=_positive_int, default=1, help="partitions if the topic is created")
+    kafka(p)
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("ingest", help="ingest a topic into a stream's Delta tables (exactly once)")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--stream", required=True)
+    lake(p)
+    kafka(p)
+    p.add_argument("--follow", action="store_true", help="keep going until stopped (default: what is there now)")
+    p.add_argument("--max-records", type=_positive_int, help="stop after reading this many records")
+    p.add_argument("--partitions", type=_partitions, help="only these partitions, e.g. 0,2 (default: all)")
+    p.add_argument("--allowed-lateness", type=_non_negative_float, metavar="SECONDS")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("compact", help="z-order a stream's tables by event time, checkpoint and vacuum")
+    p.add_argument("--stream", required=True)
+    lake(p)
+    p.add_argument("--retention-hours", type=_non_negative_float, default=168.0)
+    p.set_defaults(func=cmd_compact)
+
+    p = sub.add_parser("read", help="print a stream's rows in event-time order")
+    p.add_argument("--stream", required=True)
+    lake(p)
+    p.add_argument("--from", dest="start", help="first event time (RFC 3339 or epoch ms), inclusive")
+    p.add_argument("--to", dest="end", help="last event time, exclusive")
+    p.add_argument("--table", choices=["raw", "late"], default="raw")
+    p.add_argument("--limit", type=_positive_int, default=20)
+    p.set_defaults(func=cmd_read)
+
+    p = sub.add_parser("serve", help="serve the ingest flow as a Prefect deployment on an interval")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--stream", required=True)
+    p.add_argument("--interval", type=_positive_int, default=60, metavar="SECONDS")
+    lake(p)
+    kafka(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", help="the whole pipeline on generated data with the embedded broker")
+    p.add_argument("--lake", default="./lake")
+    p.add_argument("--samples", type=_positive_int, default=240)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mmlake`` console script."""
+    from pydantic import ValidationError
+
+    # No telemetry from the ephemeral Prefect server unless the user asks for it.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MmlakeError as err:
+        print(f"mmlake: error: {err}", file=sys.stderr)
+        return 1
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "settings"
+        print(f"mmlake: error: bad setting {where}: {first.get('msg')}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

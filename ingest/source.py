@@ -1,0 +1,171 @@
+"""Reading Kafka partitions by explicit assignment (no consumer group), in bounded or follow mode.
+
+Offsets come from the Delta log, not from Kafka: the caller seeks each partition to where it resumes.
+A bounded run ("available now") stops at each partition's high watermark as first seen in this run.
+The high watermark is taken from fetch responses, which every broker reports correctly (Tansu's
+ListOffsets answer can lag behind the last record batch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ingest.broker import wait_for_kafka
+from ingest.errors import BrokerUnavailableError, TopicNotFoundError
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed Kafka record, as the ingest engine needs it."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+class KafkaSource:
+    """Explicitly assigned partitions of one topic; ``fetch`` returns records in offset order per partition."""
+
+    def __init__(self, bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.errors import KafkaError
+
+        wait_for_kafka(bootstrap, timeout_s)
+        self.topic = topic
+        self.bootstrap = bootstrap
+        self._timeout_s = timeout_s
+        self._tp = TopicPartition
+        try:
+            self._consumer: KafkaConsumer = KafkaConsumer(
+                bootstrap_servers=bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                fetch_max_wait_ms=100,
+                max_partition_fetch_bytes=32 * 1024 * 1024,
+                fetch_max_bytes=64 * 1024 * 1024,
+                request_timeout_ms=int(max(timeout_s, 5) * 1000) + 1000,
+                bootstrap_timeout_ms=int(timeout_s * 1000),
+            )
+            available = self._consumer.partitions_for_topic(topic)
+        except KafkaError as err:
+            raise BrokerUnavailableError(f"cannot read topic {topic!r} at {bootstrap}: {err}") from err
+        if not available:
+            self._consumer.close()
+            raise TopicNotFoundError(f"topic {topic!r} does not exist at {bootstrap}")
+        self.available_partitions = sorted(available)
+        self._bounds: dict[int, int] = {}
+        self._assigned: list[int] = []
+        self._last_progress = time.monotonic()
+
+    def assign(self, start: dict[int, int], *, bounded: bool) -> None:
+        """Read each partition in ``start`` from its offset; bounded runs stop at the high watermark."""
+        missing = sorted(set(start) - set(self.available_partitions))
+        if missing:
+            raise TopicNotFoundError(
+                f"topic {self.topic!r} has no partition {missing[0]} "
+                f"(it has {len(self.available_partitions)})"
+            )
+        tps = [self._tp(self.topic, p) for p in sorted(start)]
+        self._consumer.assign(tps)
+        for tp in tps:
+            self._consumer.seek(tp, start[tp.partition])
+        self._assigned = sorted(start)
+        self._bounded = bounded
+        self._bounds = {}
+        self._last_progress = time.monotonic()
+
+    def seek(self, start: dict[int, int]) -> None:
+        """Move assigned partitions back or forward (after another writer moved the Delta offsets)."""
+        for p, offset in start.items():
+            self._consumer.seek(self._tp(self.topic, p), offset)
+        self._last_progress = time.monotonic()
+
+    def _learn_bounds(self) -> None:
+        for p in self._assigned:
+            if p not in self._bounds:
+                hw = self._consumer.highwater(self._tp(self.topic, p))
+                if hw is not None:
+                    self._bounds[p] = hw
+                    self._last_progress = time.monotonic()
+
+    def done(self) -> bool:
+        """In a bounded run: every partition has reached the end it had when the run first saw it."""
+        if not self._bounded:
+            return False
+        if len(self._bounds) < len(self._assigned):
+            return False
+        return all(
+            self._consumer.position(self._tp(self.topic, p)) >= self._bounds[p] for p in self._assigned
+        )
+
+    def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Record]:
+        """Up to ``max_records`` records (or ``max_bytes`` of payload), waiting at most ``wait_s`` for the first.
+
+        Raises :class:`BrokerUnavailableError` when no progress was possible for the timeout.
+        """
+        out: list[Record] = []
+        size = 0
+        deadline = time.monotonic() + wait_s
+        while len(out) < max_records and size < max_bytes:
+            if self.done():
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and (out or not self._bounded):
+                break
+            polled = self._consumer.poll(
+                timeout_ms=int(max(remaining, 0.05) * 1000), max_records=max_records - len(out)
+            )
+            self._learn_bounds()
+            for tp, batch in sorted(polled.items(), key=lambda item: item[0].partition):
+                bound = self._bounds.get(tp.partition) if self._bounded else None
+                taken = self._take(batch, bound, max_records - len(out), max_bytes - size)
+                if len(taken) < len(batch):
+                    # Records we did not take were consumed from the client's buffer: rewind to them.
+                    self._consumer.seek(tp, taken[-1].offset + 1 if taken else batch[0].offset)
+                out.extend(taken)
+                size += sum(len(r.value or b"") for r in taken)
+                if taken:
+                    self._last_progress = time.monotonic()
+            if not polled and time.monotonic() - self._last_progress > self._timeout_s:
+                if self._bounded or not self._consumer.bootstrap_connected():
+                    raise BrokerUnavailableError(
+                        f"no answer from Kafka at {self.bootstrap} for {self._timeout_s:g}s "
+                        f"while reading {self.topic!r}"
+                    )
+                self._last_progress = time.monotonic()
+        out.sort(key=lambda r: (r.partition, r.offset))
+        return out
+
+    @staticmethod
+    def _take(batch: Iterable[Any], bound: int | None, room: int, room_bytes: int) -> list[Record]:
+        taken: list[Record] = []
+        used = 0
+        for rec in batch:
+            if bound is not None and rec.offset >= bound:
+                break
+            if len(taken) >= room or (taken and used >= room_bytes):
+                break
+            used += len(rec.value or b"")
+            taken.append(
+                Record(
+                    partition=rec.partition,
+                    offset=rec.offset,
+                    timestamp_ms=rec.timestamp,
+                    key=rec.key,
+                    value=rec.value,
+                    headers=list(rec.headers or ()),
+                )
+            )
+        return taken
+
+    def close(self) -> None:
+        self._consumer.close()

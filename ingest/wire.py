@@ -1,0 +1,243 @@
+"""The Kafka wire format: one record is one part (image, audio or text) of a multimodal sample.
+
+:func:`decode` turns a consumed record into either an :class:`Accepted` part or a :class:`Rejected`
+one that carries a reason code and a one-line message. It never raises on bad input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+
+HEADER_EVENT_TIME = "mm-event-time"
+HEADER_MODALITY = "mm-modality"
+HEADER_CONTENT_TYPE = "content-type"
+HEADER_RECORD_ID = "mm-record-id"
+HEADER_SAMPLE_ID = "mm-sample-id"
+
+MODALITIES = ("image", "audio", "text")
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+class Reason(str, Enum):
+    """Why a record went to the dead-letter table. The value is stored in ``dlq.error_code``."""
+
+    MISSING_EVENT_TIME = "missing_event_time"
+    BAD_EVENT_TIME = "bad_event_time"
+    MISSING_MODALITY = "missing_modality"
+    UNKNOWN_MODALITY = "unknown_modality"
+    BAD_HEADER = "bad_header"
+    CONTENT_TYPE_MISMATCH = "content_type_mismatch"
+    OVERSIZE = "oversize_payload"
+    UNDECODABLE_IMAGE = "undecodable_image"
+    UNDECODABLE_AUDIO = "undecodable_audio"
+    INVALID_TEXT = "invalid_text"
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A record that meets the contract. ``event_time_us`` is UTC epoch microseconds."""
+
+    record_id: str
+    sample_id: str
+    modality: str
+    content_type: str
+    event_time_us: int
+    payload_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A record that breaks the contract, with a reason code and a one-line message."""
+
+    reason: Reason
+    message: str
+
+
+def parse_event_time(text: str) -> int:
+    """Parse ``mm-event-time`` into UTC epoch microseconds.
+
+    Accepts an integer of epoch milliseconds or an RFC 3339 timestamp with a UTC offset (``Z`` or
+    ``+hh:mm``). Raises ``ValueError`` with a one-line message otherwise.
+
+    >>> parse_event_time("1700000000000")
+    1700000000000000
+    >>> parse_event_time("2023-11-14T22:13:20.5+00:00")
+    1700000000500000
+    """
+    text = text.strip()
+    if not text:
+        raise ValueError("empty")
+    if text.lstrip("-").isdigit():
+        return int(text) * 1000
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not RFC 3339 or epoch milliseconds: {text!r}") from None
+    if parsed.tzinfo is None or "T" not in text.upper():
+        raise ValueError(f"RFC 3339 needs a date, a time and a UTC offset: {text!r}")
+    delta = parsed - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def default_record_id(modality: str, event_time_us: int, payload: bytes) -> str:
+    """The de-duplication id when ``mm-record-id`` is absent.
+
+    Hex SHA-256 of ``modality``, NUL, the event time as decimal UTC epoch microseconds, NUL, then the
+    payload bytes. Two spellings of one instant (RFC 3339 or epoch ms) give the same id.
+    """
+    digest = hashlib.sha256()
+    digest.update(modality.encode())
+    digest.update(b"\x00")
+    digest.update(str(event_time_us).encode())
+    digest.update(b"\x00")
+    digest.update(payload)
+    return digest.hexdigest()
+
+
+def sniff_content_type(modality: str, payload: bytes) -> str | None:
+    """The MIME type the payload's leading bytes announce, or None where they announce nothing."""
+    if modality == "text":
+        return "text/plain; charset=utf-8"
+    if payload.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if payload.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if payload[:4] == b"RIFF" and payload[8:12] == b"WAVE":
+        return "audio/wav"
+    return None
+
+
+def _header_map(headers: Headers) -> dict[str, bytes]:
+    # The last value of a repeated header wins, as most Kafka clients read them.
+    return {key.lower(): value for key, value in headers}
+
+
+def _check_image(payload: bytes) -> str | None:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(payload)) as img:
+            img.verify()
+    except Exception as err:  # Pillow raises many types for bad bytes
+        return f"{type(err).__name__}: {err}".splitlines()[0]
+    return None
+
+
+def _check_wav(payload: bytes) -> str | None:
+    """Check the RIFF/WAVE container: a ``fmt `` chunk and a complete ``data`` chunk.
+
+    The sample encoding is not judged here (PCM, float, ...): that is the audio operator's business.
+    """
+    if len(payload) < 12 or payload[:4] != b"RIFF" or payload[8:12] != b"WAVE":
+        return "not a RIFF/WAVE file"
+    pos, fmt_seen = 12, False
+    while pos + 8 <= len(payload):
+        chunk_id = payload[pos : pos + 4]
+        size = struct.unpack_from("<I", payload, pos + 4)[0]
+        body = pos + 8
+        if chunk_id == b"fmt ":
+            if size < 16 or body + size > len(payload):
+                return "fmt chunk is short"
+            channels, rate = struct.unpack_from("<HI", payload, body + 2)
+            if channels == 0 or rate == 0:
+                return "fmt chunk declares zero channels or a zero sample rate"
+            fmt_seen = True
+        elif chunk_id == b"data":
+            if not fmt_seen:
+                return "data chunk before the fmt chunk"
+            if body + size > len(payload):
+                return f"truncated: data chunk declares {size} bytes, {len(payload) - body} present"
+            return None
+        pos = body + size + (size & 1)  # chunks are padded to an even length
+    return "no data chunk"
+
+
+def _check_text(payload: bytes) -> str | None:
+    try:
+        payload.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 at byte {err.start}"
+    return None
+
+
+_PAYLOAD_CHECKS = {
+    "image": (_check_image, Reason.UNDECODABLE_IMAGE),
+    "audio": (_check_wav, Reason.UNDECODABLE_AUDIO),
+    "text": (_check_text, Reason.INVALID_TEXT),
+}
+
+
+def decode(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    *,
+    max_payload_bytes: int,
+) -> Accepted | Rejected:
+    """Check one record against the wire contract. Never raises on bad input."""
+    payload = value or b""
+    try:
+        fields = {name: raw.decode("utf-8") for name, raw in _header_map(headers).items()}
+    except UnicodeDecodeError:
+        return Rejected(Reason.BAD_HEADER, "a header value is not UTF-8")
+    if key is not None:
+        try:
+            key_text: str | None = key.decode("utf-8")
+        except UnicodeDecodeError:
+            return Rejected(Reason.BAD_HEADER, "the record key is not UTF-8")
+    else:
+        key_text = None
+
+    raw_time = fields.get(HEADER_EVENT_TIME)
+    if raw_time is None:
+        return Rejected(Reason.MISSING_EVENT_TIME, f"header {HEADER_EVENT_TIME} is missing")
+    try:
+        event_time_us = parse_event_time(raw_time)
+    except (ValueError, OverflowError) as err:
+        return Rejected(Reason.BAD_EVENT_TIME, f"header {HEADER_EVENT_TIME} is unusable: {err}")
+
+    modality = fields.get(HEADER_MODALITY)
+    if modality is None:
+        return Rejected(Reason.MISSING_MODALITY, f"header {HEADER_MODALITY} is missing")
+    if modality not in MODALITIES:
+        return Rejected(
+            Reason.UNKNOWN_MODALITY,
+            f"modality {modality!r} is not one of {', '.join(MODALITIES)}",
+        )
+
+    if len(payload) > max_payload_bytes:
+        return Rejected(
+            Reason.OVERSIZE,
+            f"payload of {len(payload)} bytes exceeds the maximum of {max_payload_bytes}",
+        )
+
+    declared = fields.get(HEADER_CONTENT_TYPE)
+    if declared is not None and not declared.lower().startswith(modality + "/"):
+        return Rejected(
+            Reason.CONTENT_TYPE_MISMATCH,
+            f"content-type {declared!r} does not fit modality {modality!r}",
+        )
+
+    check, reason = _PAYLOAD_CHECKS[modality]
+    problem = check(payload)
+    if problem is not None:
+        return Rejected(reason, f"{modality} payload does not decode: {problem}")
+
+    content_type = declared or sniff_content_type(modality, payload) or "application/octet-stream"
+    record_id = fields.get(HEADER_RECORD_ID) or default_record_id(modality, event_time_us, payload)
+    sample_id = fields.get(HEADER_SAMPLE_ID) or key_text or record_id
+    return Accepted(
+        record_id=record_id,
+        sample_id=sample_id,
+        modality=modality,
+        content_type=content_type,
+        event_time_us=event_time_us,
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+    )

@@ -1,0 +1,8 @@
+"""ONNX-pinned preprocessing operators, CLIP encoders and drift detectors (not built yet).
+
+See ../shared/design/ARCHITECTURE.md, "Preprocessing operators" and "Drift".
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
