@@ -17,9 +17,11 @@ def crash_point(name: str) -> None:
     spec = os.environ.get("MMLAKE_FAULT_KILL_AT")
     if not spec:
         return
-    point, _, nth = spec.partition(":")
+    point, _, nth = spec.rpartition(":")
+    if not nth.isdigit():
+        point, nth = spec, "1"
     if point != name:
         return
     _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] == int(nth or 1):
+    if _hits[name] == int(nth):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -12,7 +12,9 @@ How a micro-batch is made exactly-once (after kafka-delta-ingest):
   routes every record as the first attempt did: nothing is written twice, nothing is lost.
 * A commit carries the ``DeltaTable`` snapshot its offsets were read from. When another writer has
   committed offsets for the same partition since then, Delta refuses the commit (concurrent
-  transaction); the batch is dropped, the state reloaded and the records read again.
+  transaction); when such a commit is already inside the snapshot (delta-rs refreshes it after each
+  commit), the offsets it holds no longer match ours and we refuse it ourselves. Either way the batch
+  is dropped, the state reloaded and the records read again.
 
 Event time: each partition's watermark is the max event time of its accepted records minus the
 allowed lateness (as per-partition watermarks in Flink's Kafka source). A record behind its
@@ -83,10 +85,11 @@ class IngestSummary:
     def line(self) -> str:
         """The one-line summary the CLI prints."""
         spans = ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(self.offsets.items())) or "none"
+        retried = f" commit_conflicts_retried={self.conflicts}" if self.conflicts else ""
         return (
             f"ingested stream={self.stream} topic={self.topic}: accepted={self.accepted} "
             f"late={self.late} duplicates={self.duplicates} dead_lettered={self.dead_lettered} "
-            f"batches={self.batches} offsets={spans} watermark={self.watermark}"
+            f"batches={self.batches} offsets={spans} watermark={self.watermark}{retried}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -94,6 +97,10 @@ class IngestSummary:
         out["offsets"] = {str(p): span for p, span in self.offsets.items()}
         out["watermark"] = self.watermark
         return out
+
+
+class _StaleOffsets(Exception):
+    """Another writer's commit is already in our snapshot: our offsets are out of date."""
 
 
 @dataclass
@@ -234,6 +241,7 @@ class IngestRun:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
         for name, (schema, partition_by) in TABLES.items():
+            self._check_snapshot(name, batch.last_offset)
             txns = []
             for p, last in batch.last_offset.items():
                 if last <= self._committed[name][p]:
@@ -272,6 +280,19 @@ class IngestRun:
             span = self.summary.offsets.setdefault(p, [batch.first_offset[p], last])
             span[1] = last
 
+    def _check_snapshot(self, table: str, partitions: Iterable[int]) -> None:
+        """Refuse to commit from offsets that the table snapshot no longer holds.
+
+        After a commit, delta-rs moves the ``DeltaTable`` to the newest version, which may include
+        another writer's commits: Delta's conflict check only looks at commits after the snapshot,
+        so a rival's progress already inside it must be caught here.
+        """
+        dt = self._dts[table]
+        for p in partitions:
+            current = dt.transaction_version(offset_app_id(self.topic, p))
+            if (-1 if current is None else int(current)) != self._committed[table][p]:
+                raise _StaleOffsets(table)
+
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> IngestSummary:
@@ -300,7 +321,7 @@ class IngestRun:
                 batch = self._route(records)
                 try:
                     self._commit(batch)
-                except CommitFailedError:
+                except (CommitFailedError, _StaleOffsets):
                     self.summary.conflicts += 1
                     if self.summary.conflicts > settings.commit_retries:
                         raise CommitConflictError(

@@ -77,7 +77,7 @@ def parse_event_time(text: str) -> int:
     if text.lstrip("-").isdigit():
         return int(text) * 1000
     try:
-        parsed = datetime.fromisoformat(text)
+        parsed = datetime.fromisoformat(text.upper())  # RFC 3339 allows a lower-case t and z
     except ValueError:
         raise ValueError(f"not RFC 3339 or epoch milliseconds: {text!r}") from None
     if parsed.tzinfo is None or "T" not in text.upper():

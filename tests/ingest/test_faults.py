@@ -1,0 +1,100 @@
+"""Faults: a run killed with SIGKILL at every commit boundary (and at random moments), and two
+ingest processes on one stream at once. Each must leave every record exactly once."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from ingest import IngestSettings, run_ingest
+from tests.fixtures.data import kafka_positions, table_rows
+from tests.fixtures.streams import Expected, produce_mixed
+
+RUN = (
+    "import sys; from ingest import IngestSettings, run_ingest; "
+    "print(run_ingest(sys.argv[1], sys.argv[2], IngestSettings()).line())"
+)
+
+
+def _env(settings: IngestSettings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMLAKE_")}
+    env.update(
+        MMLAKE_LAKE=settings.lake,
+        MMLAKE_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        MMLAKE_ALLOWED_LATENESS_S="120",
+        MMLAKE_BATCH_MAX_RECORDS="7",
+        **extra,
+    )
+    return env
+
+
+def _ingest_process(settings: IngestSettings, topic: str, **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", RUN, topic, "s"],
+        env=_env(settings, **extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _assert_exactly_once(settings: IngestSettings, exp: Expected) -> None:
+    assert Counter(r["record_id"] for r in table_rows(settings.lake, "s", "raw")) == exp.raw_ids
+    assert Counter(r["record_id"] for r in table_rows(settings.lake, "s", "late")) == exp.late_ids
+    assert len(table_rows(settings.lake, "s", "dlq")) == exp.dlq
+    positions = kafka_positions(settings.lake, "s")
+    assert len(set((p, o) for _, p, o in positions)) == len(positions)
+    assert len(positions) + exp.duplicates == exp.sent
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table", ["dlq", "late", "raw"])
+@pytest.mark.parametrize("moment", ["before_commit", "after_commit"])
+def test_kill_at_a_commit_boundary_then_rerun(producer, new_topic, settings, table, moment) -> None:
+    topic = new_topic(partitions=2)
+    exp = produce_mixed(producer, topic, partitions=2, per_partition=18)
+    # Batches of 7 records: the second batch is killed between (or inside) its three commits.
+    proc = _ingest_process(settings, topic, MMLAKE_FAULT_KILL_AT=f"{moment}:{table}:2")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    rerun = run_ingest(topic, "s", settings.with_overrides(allowed_lateness_s=120, batch_max_records=7))
+    assert rerun.conflicts == 0
+    _assert_exactly_once(settings, exp)
+
+
+@pytest.mark.slow
+def test_kill_at_random_moments_then_rerun(producer, new_topic, settings) -> None:
+    topic = new_topic(partitions=3)
+    exp = produce_mixed(producer, topic, partitions=3, per_partition=60)
+    rng = random.Random(1234)
+    kills = 0
+    for _ in range(4):
+        proc = _ingest_process(settings, topic)
+        time.sleep(rng.uniform(1.0, 2.5))  # interpreter start is ~1 s; then batches commit
+        if proc.poll() is None:
+            proc.kill()
+            kills += 1
+        proc.communicate(timeout=60)
+    run_ingest(topic, "s", settings.with_overrides(allowed_lateness_s=120, batch_max_records=7))
+    assert kills >= 1
+    _assert_exactly_once(settings, exp)
+
+
+@pytest.mark.slow
+def test_two_concurrent_runs_on_one_stream(producer, new_topic, settings) -> None:
+    topic = new_topic(partitions=2)
+    exp = produce_mixed(producer, topic, partitions=2, per_partition=90)
+    procs = [_ingest_process(settings, topic) for _ in range(2)]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err
+        assert out.startswith("ingested stream=s")
+        print(out.strip())
+    _assert_exactly_once(settings, exp)
