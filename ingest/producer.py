@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -209,9 +209,9 @@ def produce_path(
     """Produce a folder of files or a JSONL manifest into ``topic``; return how many records were sent."""
     source = Path(path)
     if source.is_dir():
-        parts = parts_from_folder(source)
+        parts: Iterable[Part] = parts_from_folder(source)
     elif source.is_file():
-        parts = parts_from_manifest(source)
+        parts = list(parts_from_manifest(source))  # a bad line fails before anything is sent
     else:
         raise InputError(f"{source} is neither a folder nor a manifest file")
     ensure_topic(bootstrap, topic, partitions, timeout_s)

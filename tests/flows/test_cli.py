@@ -1,0 +1,91 @@
+"""The ``mmlake`` command line: one-line errors, and the commands as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flows.cli import main
+from ingest.broker import free_port
+from tests.fixtures.data import table_rows
+from tests.fixtures.streams import T0_MS
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ingest", "--stream", "s"],
+        ["ingest", "--topic", "t", "--stream", "s", "--max-records", "0"],
+        ["ingest", "--topic", "t", "--stream", "s", "--partitions", "a,b"],
+        ["compact", "--stream", "s", "--retention-hours", "-1"],
+        ["frobnicate"],
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(argv, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mmlake") and "error:" in err[-1]
+
+
+def test_unreachable_broker_is_one_line_and_fast(tmp_path, capsys) -> None:
+    started = time.monotonic()
+    code = main(["ingest", "--topic", "t", "--stream", "s", "--lake", str(tmp_path),
+                 "--bootstrap", f"127.0.0.1:{free_port()}"])
+    assert code == 1
+    assert time.monotonic() - started < 15
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mmlake: error: cannot reach Kafka at 127.0.0.1:")
+    assert not any(tmp_path.iterdir())
+
+
+def test_bad_environment_setting_is_one_line(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("MMLAKE_ALLOWED_LATENESS_S", "soon")
+    assert main(["read", "--stream", "s"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "allowed_lateness_s" in err[0]
+
+
+def test_compact_and_read_on_a_missing_stream(tmp_path, capsys) -> None:
+    assert main(["compact", "--stream", "nope", "--lake", str(tmp_path)]) == 1
+    assert main(["read", "--stream", "nope", "--lake", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("mmlake: error:") for line in err)
+
+
+@pytest.mark.slow
+def test_produce_ingest_read_compact_as_a_user_would(broker, tmp_path) -> None:
+    """The console script in a subprocess, as the README shows it (one Prefect start, ~15 s)."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(
+        f'{{"text": "caption {i}", "event_time": {T0_MS + i * 1000}, "sample_id": "s{i}"}}\n' for i in range(5)
+    ))
+    exe = shutil.which("mmlake", path=os.path.dirname(sys.executable))
+    assert exe, "the mmlake console script is installed beside the interpreter"
+    env = {**os.environ, "MMLAKE_KAFKA_BOOTSTRAP": broker.bootstrap, "MMLAKE_LAKE": str(tmp_path / "lake")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=180)
+
+    produced = run("produce", str(manifest), "--topic", "cli-topic", "--partitions", "2")
+    assert produced.returncode == 0, produced.stderr
+    assert produced.stdout.strip() == f"produced 5 records to cli-topic at {broker.bootstrap}"
+    ingested = run("ingest", "--topic", "cli-topic", "--stream", "cli")
+    assert ingested.returncode == 0, ingested.stderr
+    last = ingested.stdout.strip().splitlines()[-1]
+    assert last.startswith("ingested stream=cli topic=cli-topic: accepted=5 late=0 duplicates=0 dead_lettered=0")
+    assert len(table_rows(str(tmp_path / "lake"), "cli", "raw")) == 5
+
+    shown = run("read", "--stream", "cli", "--limit", "3")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.strip().splitlines()
+    assert len(lines) == 3 and [line.split()[2] for line in lines] == ["s0", "s1", "s2"]
+    compacted = run("compact", "--stream", "cli")
+    assert compacted.returncode == 0, compacted.stderr
+    assert "cli/raw: z-ordered by event_time" in compacted.stdout

@@ -1,0 +1,96 @@
+"""The Prefect ingest flow on one session-wide test API."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ingest import BrokerUnavailableError
+from ingest.broker import free_port
+from tests.fixtures.streams import produce_mixed
+
+pytestmark = pytest.mark.slow
+
+
+def test_flow_ingests_and_reports(prefect_harness, producer, new_topic, settings) -> None:
+    from flows.ingest import ingest_stream
+
+    topic = new_topic(partitions=2)
+    exp = produce_mixed(producer, topic, partitions=2, per_partition=12)
+    result = ingest_stream(topic=topic, stream="s", lake=settings.lake, bootstrap=settings.kafka_bootstrap,
+                           allowed_lateness_s=120)
+    assert result["accepted"] == sum(exp.raw_ids.values())
+    assert (result["late"], result["dead_lettered"], result["duplicates"]) == (
+        sum(exp.late_ids.values()), exp.dlq, exp.duplicates)
+    again = ingest_stream(topic=topic, stream="s", lake=settings.lake, bootstrap=settings.kafka_bootstrap)
+    assert again["accepted"] == 0 and again["batches"] == 0
+
+
+def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypatch, tmp_path) -> None:
+    import flows.ingest as module
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    monkeypatch.setenv("MMLAKE_KAFKA_TIMEOUT_S", "0.5")
+    monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
+    state = module.ingest_stream(topic="t", stream="s", lake=str(tmp_path), bootstrap=f"127.0.0.1:{free_port()}",
+                                 return_state=True)
+    assert state.is_failed()
+    with pytest.raises(BrokerUnavailableError):
+        state.result()
+
+    async def task_runs():
+        async with get_client() as client:
+            return await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+            )
+
+    (task_run,) = asyncio.run(task_runs())
+    assert task_run.run_count == 4  # the first attempt and three retries
+
+
+def test_non_transient_errors_are_not_retried(prefect_harness, broker, monkeypatch, tmp_path) -> None:
+    import flows.ingest as module
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
+    state = module.ingest_stream(topic="no-such-topic", stream="s", lake=str(tmp_path),
+                                 bootstrap=broker.bootstrap, return_state=True)
+    assert state.is_failed()
+
+    async def task_runs():
+        async with get_client() as client:
+            return await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+            )
+
+    (task_run,) = asyncio.run(task_runs())
+    assert task_run.run_count == 1
+
+
+def test_deployment_runs_on_an_interval_one_at_a_time() -> None:
+    from flows.deployments import ingest_deployment
+
+    deployment = ingest_deployment("t", "s", interval_s=45)
+    (schedule,) = deployment.schedules
+    assert schedule.schedule.interval.total_seconds() == 45
+    assert deployment.concurrency_limit == 1 or deployment.concurrency_limit.limit == 1
+    assert deployment.parameters["topic"] == "t" and deployment.parameters["stream"] == "s"
+
+
+def test_prefect_yaml_points_at_the_flow() -> None:
+    import importlib
+    from pathlib import Path
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parents[2] / "flows" / "prefect.yaml").read_text())
+    for deployment in spec["deployments"]:
+        path, _, name = deployment["entrypoint"].partition(":")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        flow = getattr(module, name)
+        assert flow.name == "ingest-stream"
+        assert deployment["schedules"][0]["interval"] > 0
+        assert set(deployment["parameters"]) <= set(flow.parameters.properties)
