@@ -37,7 +37,7 @@ from ingest import wire
 from ingest._faults import crash_point
 from ingest.errors import CommitConflictError
 from ingest.settings import IngestSettings
-from ingest.source import KafkaSource, Record
+from ingest.source import KafkaSource
 from ingest.tables import TABLES, UTC_US, StreamTables
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class _StaleOffsets(Exception):
 
 @dataclass
 class _Batch:
-    rows: dict[str, list[dict[str, Any]]]
+    rows: dict[str, _Columns]
     last_offset: dict[int, int]
     first_offset: dict[int, int]
     duplicates: int
@@ -196,10 +196,10 @@ class IngestRun:
 
     # -- one batch -----------------------------------------------------------------------------
 
-    def _route(self, records: list[Record]) -> _Batch:
+    def _route(self, records: list[Any]) -> _Batch:
         now_us = time.time_ns() // 1000
-        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
-        candidates: list[tuple[Record, wire.Accepted]] = []
+        rows = {name: _Columns(schema) for name, (schema, _) in TABLES.items()}
+        candidates: list[tuple[Any, wire.Accepted]] = []
         last: dict[int, int] = {}
         first: dict[int, int] = {}
         max_bytes = self.settings.max_payload_bytes
@@ -210,15 +210,14 @@ class IngestRun:
             result = wire.decode(rec.key, rec.value, rec.headers, max_payload_bytes=max_bytes)
             if isinstance(result, wire.Rejected):
                 if rec.offset > self._committed["dlq"][p]:
-                    rows["dlq"].append(_dlq_row(self.topic, rec, result, now_us))
+                    rows["dlq"].add_rejected(self.topic, rec, result, now_us)
                 continue
             mx = self._max_event.get(p)
             watermark = None if mx is None else mx - self.lateness_us
             if watermark is not None and result.event_time_us < watermark:
                 if rec.offset > self._committed["late"][p]:
-                    row = _raw_row(self.topic, rec, result, now_us)
-                    row["watermark"] = watermark
-                    rows["late"].append(row)
+                    rows["late"].add_accepted(self.topic, rec, result, now_us)
+                    rows["late"].data["watermark"].append(watermark)
                 continue
             if mx is None or result.event_time_us > mx:
                 self._max_event[p] = result.event_time_us
@@ -233,7 +232,7 @@ class IngestRun:
                 duplicates += 1
                 continue
             new_ids[acc.record_id] = acc.event_time_us
-            rows["raw"].append(_raw_row(self.topic, rec, acc, now_us))
+            rows["raw"].add_accepted(self.topic, rec, acc, now_us)
         return _Batch(rows, last, first, duplicates, new_ids)
 
     def _commit(self, batch: _Batch) -> None:
@@ -252,7 +251,7 @@ class IngestRun:
                     txns.append(Transaction(max_event_app_id(self.topic, p), mx))
             if not txns:
                 continue
-            data = _to_table(batch.rows[name], schema)
+            data = batch.rows[name].table()
             crash_point(f"before_commit:{name}")
             write_deltalake(
                 self._dts[name],
@@ -274,7 +273,7 @@ class IngestRun:
             else:
                 self.summary.accepted += data.num_rows
                 self.summary.duplicates += batch.duplicates
-                self.summary.payload_bytes += sum(r["size_bytes"] for r in batch.rows["raw"])
+                self.summary.payload_bytes += sum(batch.rows["raw"].data["size_bytes"])
                 self._seen.update(batch.new_ids)
         for p, last in batch.last_offset.items():
             span = self.summary.offsets.setdefault(p, [batch.first_offset[p], last])
@@ -297,8 +296,6 @@ class IngestRun:
 
     def run(self) -> IngestSummary:
         """Ingest until caught up (bounded), ``max_records`` read, or ``stop`` is set (follow)."""
-        from deltalake.exceptions import CommitFailedError
-
         settings = self.settings
         source = KafkaSource(settings.kafka_bootstrap, self.topic, timeout_s=settings.kafka_timeout_s)
         try:
@@ -306,46 +303,84 @@ class IngestRun:
             source_partitions = source.available_partitions
             resume = self._load_state(source_partitions, [p for p in assigned if p in source_partitions])
             source.assign({p: resume.get(p, 0) for p in assigned}, bounded=not self.follow)
-            read = 0
-            while not self.stop.is_set():
-                room = settings.batch_max_records
-                if self.max_records is not None:
-                    room = min(room, self.max_records - read)
-                    if room <= 0:
-                        break
-                records = source.fetch(room, settings.batch_max_bytes, settings.idle_timeout_s)
-                if not records:
-                    if source.done():
-                        break
-                    continue
-                batch = self._route(records)
-                try:
-                    self._commit(batch)
-                except (CommitFailedError, _StaleOffsets):
-                    self.summary.conflicts += 1
-                    if self.summary.conflicts > settings.commit_retries:
-                        raise CommitConflictError(
-                            f"lost the Delta commit race {self.summary.conflicts} times on stream "
-                            f"{self.stream!r}; is another writer stuck in a loop?"
-                        ) from None
-                    resume = self._load_state(source_partitions, list(assigned))
-                    source.seek({p: resume[p] for p in assigned})
-                    continue
-                read += len(records)
-                self.summary.batches += 1
-                self._prune_seen()
-                self._update_watermark(assigned)
-                if self.on_batch is not None:
-                    self.on_batch(self.summary)
+            self._loop(source, list(assigned), source_partitions)
             self._update_watermark(assigned)
         finally:
             source.close()
         return self.summary
 
+    def _loop(self, source: KafkaSource, assigned: list[int], all_partitions: list[int]) -> None:
+        """Fetch, route and commit micro-batches. The next batch is fetched while this one commits
+        (a single worker thread; the consumer is only touched by one thread at a time)."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        from deltalake.exceptions import CommitFailedError
+
+        settings = self.settings
+        read = 0
+
+        def room_after(consumed: int) -> int:
+            room = settings.batch_max_records
+            if self.max_records is not None:
+                room = min(room, self.max_records - consumed)
+            return room
+
+        pending: Future[list[Any]] | None = None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmlake-fetch") as pool:
+            try:
+                while not self.stop.is_set():
+                    if pending is not None:
+                        records, pending = pending.result(), None
+                    else:
+                        if room_after(read) <= 0:
+                            break
+                        records = source.fetch(room_after(read), settings.batch_max_bytes,
+                                               settings.idle_timeout_s)
+                    if not records:
+                        if source.done():
+                            break
+                        continue
+                    if room_after(read + len(records)) > 0 and not source.done():
+                        pending = pool.submit(source.fetch, room_after(read + len(records)),
+                                              settings.batch_max_bytes, settings.idle_timeout_s)
+                    batch = self._route(records)
+                    try:
+                        self._commit(batch)
+                    except (CommitFailedError, _StaleOffsets):
+                        if pending is not None:
+                            _drain(pending)
+                            pending = None
+                        self.summary.conflicts += 1
+                        if self.summary.conflicts > settings.commit_retries:
+                            raise CommitConflictError(
+                                f"lost the Delta commit race {self.summary.conflicts} times on stream "
+                                f"{self.stream!r}; is another writer stuck in a loop?"
+                            ) from None
+                        resume = self._load_state(all_partitions, assigned)
+                        source.seek({p: resume[p] for p in assigned})
+                        continue
+                    read += len(records)
+                    self.summary.batches += 1
+                    self._prune_seen()
+                    self._update_watermark(assigned)
+                    if self.on_batch is not None:
+                        self.on_batch(self.summary)
+            finally:
+                if pending is not None:
+                    _drain(pending)
+
     def _update_watermark(self, assigned: Iterable[int]) -> None:
         known = [self._max_event.get(p) for p in assigned]
         if known and all(m is not None for m in known):
             self.summary.watermark_us = min(m for m in known if m is not None) - self.lateness_us
+
+
+def _drain(pending: Any) -> None:
+    """Wait for a prefetch whose records will not be used (they are read again after a seek)."""
+    try:
+        pending.result()
+    except Exception:  # its error, if any, will recur on the next real fetch
+        pass
 
 
 def run_ingest(
@@ -361,58 +396,77 @@ def run_ingest(
 # -- rows -------------------------------------------------------------------------------------------
 
 
-def _headers(rec: Record) -> list[dict[str, Any]]:
-    return [{"key": k, "value": v} for k, v in rec.headers]
+class _Columns:
+    """Column lists for one table, appended to record by record (cheaper than a dict per row)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.data: dict[str, list[Any]] = {name: [] for name in schema.names}
+
+    def __len__(self) -> int:
+        return len(self.data[self.schema.names[0]])
+
+    def add_kafka(self, topic: str, rec: Any, now_us: int) -> None:
+        d = self.data
+        d["kafka_topic"].append(topic)
+        d["kafka_partition"].append(rec.partition)
+        d["kafka_offset"].append(rec.offset)
+        d["kafka_key"].append(rec.key)
+        d["headers"].append([{"key": k, "value": v} for k, v in rec.headers])
+        d["ingest_time"].append(now_us)
+
+    def add_accepted(self, topic: str, rec: Any, acc: wire.Accepted, now_us: int) -> None:
+        d = self.data
+        payload = rec.value or b""
+        d["record_id"].append(acc.record_id)
+        d["sample_id"].append(acc.sample_id)
+        d["modality"].append(acc.modality)
+        d["content_type"].append(acc.content_type)
+        d["event_time"].append(acc.event_time_us)
+        d["payload"].append(payload)
+        d["payload_sha256"].append(acc.payload_sha256)
+        d["size_bytes"].append(len(payload))
+        d["event_date"].append(acc.event_time_us // _US_PER_DAY)
+        self.add_kafka(topic, rec, now_us)
+
+    def add_rejected(self, topic: str, rec: Any, rej: wire.Rejected, now_us: int) -> None:
+        d = self.data
+        d["error_code"].append(rej.reason.value)
+        d["error"].append(rej.message)
+        d["payload"].append(rec.value)
+        d["kafka_timestamp"].append(rec.timestamp * 1000 if rec.timestamp is not None else None)
+        self.add_kafka(topic, rec, now_us)
+
+    def table(self) -> pa.Table:
+        """The rows as an Arrow table; rows with an event time are sorted by (event time, partition,
+        offset). Sorting happens on the Python lists, so payload bytes are copied once, not twice."""
+        data = self.data
+        if "event_time" in data and len(self) > 1:
+            keys = list(zip(data["event_time"], data["kafka_partition"], data["kafka_offset"]))
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            data = {name: [values[i] for i in order] for name, values in data.items()}
+        arrays = []
+        for f in self.schema:
+            values = data[f.name]
+            if f.name == "payload" and "event_time" in data:  # never null in raw and late
+                arrays.append(_binary_array(values))
+            else:
+                arrays.append(pa.array(values, type=_storage_type(f.type)).cast(f.type))
+        return pa.Table.from_arrays(arrays, schema=self.schema)
 
 
-def _raw_row(topic: str, rec: Record, acc: wire.Accepted, now_us: int) -> dict[str, Any]:
-    payload = rec.value or b""
-    return {
-        "record_id": acc.record_id,
-        "sample_id": acc.sample_id,
-        "modality": acc.modality,
-        "content_type": acc.content_type,
-        "event_time": acc.event_time_us,
-        "ingest_time": now_us,
-        "payload": payload,
-        "payload_sha256": acc.payload_sha256,
-        "size_bytes": len(payload),
-        "kafka_topic": topic,
-        "kafka_partition": rec.partition,
-        "kafka_offset": rec.offset,
-        "kafka_key": rec.key,
-        "headers": _headers(rec),
-        "event_date": acc.event_time_us // _US_PER_DAY,
-    }
+def _binary_array(values: list[bytes]) -> pa.Array:
+    """A binary array built with one copy of the bytes (``pa.array`` regrows its buffer many times)."""
+    import numpy as np
 
-
-def _dlq_row(topic: str, rec: Record, rej: wire.Rejected, now_us: int) -> dict[str, Any]:
-    return {
-        "error_code": rej.reason.value,
-        "error": rej.message,
-        "payload": rec.value,
-        "kafka_key": rec.key,
-        "headers": _headers(rec),
-        "kafka_topic": topic,
-        "kafka_partition": rec.partition,
-        "kafka_offset": rec.offset,
-        "kafka_timestamp": rec.timestamp_ms * 1000 if rec.timestamp_ms is not None else None,
-        "ingest_time": now_us,
-    }
-
-
-def _to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows as an Arrow table of ``schema``; rows with an event time are sorted by it."""
-    columns = {
-        f.name: pa.array([row.get(f.name) for row in rows], type=_storage_type(f.type))
-        for f in schema
-    }
-    table = pa.table(columns).cast(schema)
-    if "event_time" in schema.names and table.num_rows:
-        table = table.sort_by(
-            [("event_time", "ascending"), ("kafka_partition", "ascending"), ("kafka_offset", "ascending")]
-        )
-    return table
+    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return pa.array(values, type=pa.large_binary()).cast(pa.binary())
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values))]
+    )
 
 
 def _storage_type(t: pa.DataType) -> pa.DataType:

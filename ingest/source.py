@@ -9,8 +9,6 @@ ListOffsets answer can lag behind the last record batch).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ingest.broker import wait_for_kafka
@@ -18,18 +16,6 @@ from ingest.errors import BrokerUnavailableError, TopicNotFoundError
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One consumed Kafka record, as the ingest engine needs it."""
-
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
 
 
 class KafkaSource:
@@ -107,12 +93,15 @@ class KafkaSource:
             self._consumer.position(self._tp(self.topic, p)) >= self._bounds[p] for p in self._assigned
         )
 
-    def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Record]:
+    def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Any]:
         """Up to ``max_records`` records (or ``max_bytes`` of payload), waiting at most ``wait_s`` for the first.
+
+        Records are kafka-python ``ConsumerRecord``s (``partition``, ``offset``, ``timestamp`` in ms,
+        ``key``, ``value``, ``headers``), sorted by partition, then offset.
 
         Raises :class:`BrokerUnavailableError` when no progress was possible for the timeout.
         """
-        out: list[Record] = []
+        out: list[Any] = []
         size = 0
         deadline = time.monotonic() + wait_s
         while len(out) < max_records and size < max_bytes:
@@ -146,26 +135,18 @@ class KafkaSource:
         return out
 
     @staticmethod
-    def _take(batch: Iterable[Any], bound: int | None, room: int, room_bytes: int) -> list[Record]:
-        taken: list[Record] = []
+    def _take(batch: list[Any], bound: int | None, room: int, room_bytes: int) -> list[Any]:
+        """The leading records of ``batch`` below ``bound`` that fit in ``room`` records and bytes."""
+        end = min(len(batch), room)
+        if bound is not None:
+            while end and batch[end - 1].offset >= bound:
+                end -= 1
         used = 0
-        for rec in batch:
-            if bound is not None and rec.offset >= bound:
-                break
-            if len(taken) >= room or (taken and used >= room_bytes):
-                break
-            used += len(rec.value or b"")
-            taken.append(
-                Record(
-                    partition=rec.partition,
-                    offset=rec.offset,
-                    timestamp_ms=rec.timestamp,
-                    key=rec.key,
-                    value=rec.value,
-                    headers=list(rec.headers or ()),
-                )
-            )
-        return taken
+        for i in range(end):
+            if i and used >= room_bytes:
+                return batch[:i]
+            used += len(batch[i].value or b"")
+        return batch[:end]
 
     def close(self) -> None:
         self._consumer.close()

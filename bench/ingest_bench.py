@@ -1,0 +1,129 @@
+"""Kafka -> Delta ingest throughput against plain kafka-python consumption of the same topic.
+
+Each measurement runs in its own subprocess (so peak memory is its own) against one embedded broker,
+and each pair (plain, ingest) is measured ``repeats`` times, interleaved; the medians are reported.
+The ratio is ingest records/s over plain records/s: the share of the client's own limit we keep.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+TARGET = 0.8
+
+_PLAIN = r"""
+import json, resource, sys, time
+from kafka import KafkaConsumer, TopicPartition
+bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
+consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                         fetch_max_wait_ms=100, max_partition_fetch_bytes=32 * 1024 * 1024,
+                         fetch_max_bytes=64 * 1024 * 1024)
+tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+consumer.assign(tps)
+for tp in tps:
+    consumer.seek(tp, 0)
+start = time.perf_counter()
+count = size = 0
+while count < expected:
+    for records in consumer.poll(timeout_ms=500, max_records=5000).values():
+        for record in records:
+            count += 1
+            size += len(record.value)
+elapsed = time.perf_counter() - start
+print(json.dumps({"seconds": elapsed, "records": count, "bytes": size,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+_INGEST = r"""
+import json, resource, sys, time
+from ingest import IngestSettings, run_ingest
+bootstrap, topic, lake = sys.argv[1], sys.argv[2], sys.argv[3]
+settings = IngestSettings(lake=lake, kafka_bootstrap=bootstrap)
+start = time.perf_counter()
+summary = run_ingest(topic, "bench", settings)
+elapsed = time.perf_counter() - start
+print(json.dumps({"seconds": elapsed, "records": summary.accepted, "bytes": summary.payload_bytes,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _child(code: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    seconds = statistics.median(r["seconds"] for r in runs)
+    records, size = runs[0]["records"], runs[0]["bytes"]
+    return {
+        "records": records,
+        "megabytes": round(size / 1e6, 2),
+        "seconds_median": round(seconds, 3),
+        "records_per_s": round(records / seconds, 1),
+        "mb_per_s": round(size / 1e6 / seconds, 2),
+        "peak_rss_mb": round(max(r["peak_rss_mb"] for r in runs), 1),
+        "runs": len(runs),
+    }
+
+
+def _produce(bootstrap: str, topic: str, kind: str, count: int) -> None:
+    import numpy as np
+
+    from PIL import Image
+
+    from ingest import MultimodalProducer, ensure_topic
+
+    ensure_topic(bootstrap, topic, partitions=3)
+    rng = np.random.default_rng(0)
+    t0 = 1_767_225_600_000
+    if kind == "image":
+        # Full-range noise does not compress: 182x182 RGB is a PNG of ~100 KB. 8 distinct images.
+        images = []
+        for _ in range(8):
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (182, 182, 3), dtype=np.uint8), "RGB").save(buf, "PNG")
+            images.append(buf.getvalue())
+    with MultimodalProducer(bootstrap) as producer:
+        for i in range(count):
+            if kind == "image":
+                payload = images[i % len(images)]
+            else:
+                payload = (f"{i:08d} " + "lorem ipsum dolor sit amet " * 40)[:1024].encode()
+            producer.send(topic, payload, kind, event_time=t0 + i, sample_id=f"s{i}", partition=i % 3)
+
+
+def run(text_records: int = 20_000, image_records: int = 600, repeats: int = 3) -> dict[str, Any]:
+    from ingest import EmbeddedBroker
+
+    workloads = {"text_1kb": ("text", text_records), "image_100kb": ("image", image_records)}
+    report: dict[str, Any] = {"target_ratio": TARGET, "workloads": {}}
+    with EmbeddedBroker() as broker:
+        for name, (kind, count) in workloads.items():
+            topic = f"bench-{name}"
+            _produce(broker.bootstrap, topic, kind, count)
+            plain, ingest = [], []
+            for _ in range(repeats):
+                plain.append(_child(_PLAIN, broker.bootstrap, topic, str(count)))
+                with tempfile.TemporaryDirectory() as lake:
+                    ingest.append(_child(_INGEST, broker.bootstrap, topic, lake))
+            entry = {"plain_kafka_python": _summarise(plain), "mmlake_ingest": _summarise(ingest)}
+            assert entry["mmlake_ingest"]["records"] == count, "ingest lost or duplicated records"
+            entry["ratio_records_per_s"] = round(
+                entry["mmlake_ingest"]["records_per_s"] / entry["plain_kafka_python"]["records_per_s"], 3
+            )
+            entry["ratio_mb_per_s"] = round(
+                entry["mmlake_ingest"]["mb_per_s"] / entry["plain_kafka_python"]["mb_per_s"], 3
+            )
+            report["workloads"][name] = entry
+    report["meets_target"] = all(w["ratio_records_per_s"] >= TARGET for w in report["workloads"].values())
+    report["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return report
