@@ -3,6 +3,8 @@
 Each measurement runs in its own subprocess (so peak memory is its own) against one embedded broker,
 and each pair (plain, ingest) is measured ``repeats`` times, interleaved; the medians are reported.
 The ratio is ingest records/s over plain records/s: the share of the client's own limit we keep.
+Both timings include connecting to the broker; ingest also includes opening/creating the Delta tables.
+Workloads: 100,000 text records of 1 KB (100 MB) and 2,000 PNG images of ~100 KB (200 MB).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _PLAIN = r"""
 import json, resource, sys, time
 from kafka import KafkaConsumer, TopicPartition
 bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
+start = time.perf_counter()  # like the ingest timing, this includes connecting and assigning
 consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                          fetch_max_wait_ms=100, max_partition_fetch_bytes=32 * 1024 * 1024,
                          fetch_max_bytes=64 * 1024 * 1024)
@@ -30,7 +33,6 @@ tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(to
 consumer.assign(tps)
 for tp in tps:
     consumer.seek(tp, 0)
-start = time.perf_counter()
 count = size = 0
 while count < expected:
     for records in consumer.poll(timeout_ms=500, max_records=5000).values():
@@ -101,7 +103,7 @@ def _produce(bootstrap: str, topic: str, kind: str, count: int) -> None:
             producer.send(topic, payload, kind, event_time=t0 + i, sample_id=f"s{i}", partition=i % 3)
 
 
-def run(text_records: int = 20_000, image_records: int = 600, repeats: int = 3) -> dict[str, Any]:
+def run(text_records: int = 100_000, image_records: int = 2_000, repeats: int = 3) -> dict[str, Any]:
     from ingest import EmbeddedBroker
 
     workloads = {"text_1kb": ("text", text_records), "image_100kb": ("image", image_records)}

@@ -38,7 +38,7 @@ from ingest._faults import crash_point
 from ingest.errors import CommitConflictError
 from ingest.settings import IngestSettings
 from ingest.source import KafkaSource
-from ingest.tables import TABLES, UTC_US, StreamTables
+from ingest.tables import HEADERS_TYPE, TABLES, UTC_US, StreamTables
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -237,18 +237,13 @@ class IngestRun:
 
     def _commit(self, batch: _Batch) -> None:
         """Commit the batch to dlq, late and raw, each with its offsets; raises CommitFailedError."""
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake import CommitProperties, write_deltalake
 
         for name, (schema, partition_by) in TABLES.items():
+            if not self._must_commit(name, batch):
+                continue
             self._check_snapshot(name, batch.last_offset)
-            txns = []
-            for p, last in batch.last_offset.items():
-                if last <= self._committed[name][p]:
-                    continue
-                txns.append(Transaction(offset_app_id(self.topic, p), last))
-                mx = self._max_event.get(p)
-                if mx is not None:
-                    txns.append(Transaction(max_event_app_id(self.topic, p), mx))
+            txns = self._offset_txns(name, batch.last_offset)
             if not txns:
                 continue
             data = batch.rows[name].table()
@@ -279,6 +274,61 @@ class IngestRun:
             span = self.summary.offsets.setdefault(p, [batch.first_offset[p], last])
             span[1] = last
 
+    def _must_commit(self, table: str, batch: _Batch) -> bool:
+        """raw always commits; late and dlq when they have rows or their offsets trail too far."""
+        if table == "raw" or len(batch.rows[table]):
+            return True
+        lag = max(last - self._committed[table][p] for p, last in batch.last_offset.items())
+        return lag > self.settings.side_table_lag_records
+
+    def _offset_txns(self, table: str, last_offset: dict[int, int]) -> list[Any]:
+        """The txn actions that move ``table``'s offsets (and watermark state) to ``last_offset``."""
+        from deltalake import Transaction
+
+        txns = []
+        for p, last in last_offset.items():
+            if last <= self._committed[table][p]:
+                continue
+            txns.append(Transaction(offset_app_id(self.topic, p), last))
+            mx = self._max_event.get(p)
+            if mx is not None:
+                txns.append(Transaction(max_event_app_id(self.topic, p), mx))
+        return txns
+
+    def _finish(self, assigned: Iterable[int]) -> None:
+        """Flush side-table offsets; losing that race to another writer is harmless (it flushes)."""
+        from deltalake.exceptions import CommitFailedError
+
+        try:
+            self._flush_side_offsets(assigned)
+        except (CommitFailedError, _StaleOffsets):
+            pass
+
+    def _flush_side_offsets(self, assigned: Iterable[int]) -> None:
+        """At the end of a run, bring late and dlq offsets up to raw's with offsets-only commits,
+        so the next run resumes where this one stopped rather than where a side table last wrote."""
+        from deltalake import CommitProperties, write_deltalake
+
+        raw = self._committed["raw"]
+        for table in ("dlq", "late"):
+            behind = {p: raw[p] for p in assigned if raw[p] > self._committed[table][p]}
+            if not behind:
+                continue
+            self._check_snapshot(table, behind)
+            schema, partition_by = TABLES[table]
+            write_deltalake(
+                self._dts[table],
+                schema.empty_table(),
+                mode="append",
+                partition_by=partition_by or None,
+                commit_properties=CommitProperties(
+                    app_transactions=self._offset_txns(table, behind),
+                    custom_metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
+                ),
+            )
+            for p, last in behind.items():
+                self._committed[table][p] = last
+
     def _check_snapshot(self, table: str, partitions: Iterable[int]) -> None:
         """Refuse to commit from offsets that the table snapshot no longer holds.
 
@@ -305,15 +355,14 @@ class IngestRun:
             source.assign({p: resume.get(p, 0) for p in assigned}, bounded=not self.follow)
             self._loop(source, list(assigned), source_partitions)
             self._update_watermark(assigned)
+            self._finish(assigned)
         finally:
             source.close()
         return self.summary
 
     def _loop(self, source: KafkaSource, assigned: list[int], all_partitions: list[int]) -> None:
-        """Fetch, route and commit micro-batches. The next batch is fetched while this one commits
-        (a single worker thread; the consumer is only touched by one thread at a time)."""
-        from concurrent.futures import Future, ThreadPoolExecutor
-
+        """Fetch, route and commit micro-batches. The next batch is fetched while this one is routed
+        and committed; the source is touched by one fetch at a time."""
         from deltalake.exceptions import CommitFailedError
 
         settings = self.settings
@@ -325,49 +374,45 @@ class IngestRun:
                 room = min(room, self.max_records - consumed)
             return room
 
-        pending: Future[list[Any]] | None = None
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmlake-fetch") as pool:
-            try:
-                while not self.stop.is_set():
-                    if pending is not None:
-                        records, pending = pending.result(), None
-                    else:
-                        if room_after(read) <= 0:
-                            break
-                        records = source.fetch(room_after(read), settings.batch_max_bytes,
-                                               settings.idle_timeout_s)
-                    if not records:
-                        if source.done():
-                            break
-                        continue
-                    if room_after(read + len(records)) > 0 and not source.done():
-                        pending = pool.submit(source.fetch, room_after(read + len(records)),
-                                              settings.batch_max_bytes, settings.idle_timeout_s)
-                    batch = self._route(records)
-                    try:
-                        self._commit(batch)
-                    except (CommitFailedError, _StaleOffsets):
-                        if pending is not None:
-                            _drain(pending)
-                            pending = None
-                        self.summary.conflicts += 1
-                        if self.summary.conflicts > settings.commit_retries:
-                            raise CommitConflictError(
-                                f"lost the Delta commit race {self.summary.conflicts} times on stream "
-                                f"{self.stream!r}; is another writer stuck in a loop?"
-                            ) from None
-                        resume = self._load_state(all_partitions, assigned)
-                        source.seek({p: resume[p] for p in assigned})
-                        continue
-                    read += len(records)
-                    self.summary.batches += 1
-                    self._prune_seen()
-                    self._update_watermark(assigned)
-                    if self.on_batch is not None:
-                        self.on_batch(self.summary)
-            finally:
-                if pending is not None:
-                    _drain(pending)
+        def fetch(consumed: int) -> Any:
+            return source.submit_fetch(room_after(consumed), settings.batch_max_bytes, settings.idle_timeout_s)
+
+        pending: Any = None
+        try:
+            while not self.stop.is_set():
+                if pending is None:
+                    if room_after(read) <= 0:
+                        break
+                    pending = fetch(read)
+                records, pending = pending.result(), None
+                if not records:
+                    if source.done():
+                        break
+                    continue
+                if room_after(read + len(records)) > 0 and not source.done():
+                    pending = fetch(read + len(records))
+                batch = self._route(records)
+                try:
+                    self._commit(batch)
+                except (CommitFailedError, _StaleOffsets):
+                    pending = _drain(pending)
+                    self.summary.conflicts += 1
+                    if self.summary.conflicts > settings.commit_retries:
+                        raise CommitConflictError(
+                            f"lost the Delta commit race {self.summary.conflicts} times on stream "
+                            f"{self.stream!r}; is another writer stuck in a loop?"
+                        ) from None
+                    resume = self._load_state(all_partitions, assigned)
+                    source.seek({p: resume[p] for p in assigned})
+                    continue
+                read += len(records)
+                self.summary.batches += 1
+                self._prune_seen()
+                self._update_watermark(assigned)
+                if self.on_batch is not None:
+                    self.on_batch(self.summary)
+        finally:
+            _drain(pending)
 
     def _update_watermark(self, assigned: Iterable[int]) -> None:
         known = [self._max_event.get(p) for p in assigned]
@@ -377,6 +422,8 @@ class IngestRun:
 
 def _drain(pending: Any) -> None:
     """Wait for a prefetch whose records will not be used (they are read again after a seek)."""
+    if pending is None:
+        return
     try:
         pending.result()
     except Exception:  # its error, if any, will recur on the next real fetch
@@ -412,7 +459,7 @@ class _Columns:
         d["kafka_partition"].append(rec.partition)
         d["kafka_offset"].append(rec.offset)
         d["kafka_key"].append(rec.key)
-        d["headers"].append([{"key": k, "value": v} for k, v in rec.headers])
+        d["headers"].append(rec.headers)
         d["ingest_time"].append(now_us)
 
     def add_accepted(self, topic: str, rec: Any, acc: wire.Accepted, now_us: int) -> None:
@@ -450,9 +497,27 @@ class _Columns:
             values = data[f.name]
             if f.name == "payload" and "event_time" in data:  # never null in raw and late
                 arrays.append(_binary_array(values))
+            elif f.name == "headers":
+                arrays.append(_headers_array(values))
             else:
                 arrays.append(pa.array(values, type=_storage_type(f.type)).cast(f.type))
         return pa.Table.from_arrays(arrays, schema=self.schema)
+
+
+def _headers_array(values: list[list[tuple[str, bytes]]]) -> pa.Array:
+    """Kafka headers as ``list<struct<key, value>>``, built from flat columns (no dict per header)."""
+    offsets = [0]
+    keys: list[str] = []
+    vals: list[bytes] = []
+    for headers in values:
+        for key, value in headers:
+            keys.append(key)
+            vals.append(value)
+        offsets.append(len(keys))
+    items = pa.StructArray.from_arrays(
+        [pa.array(keys, pa.string()), pa.array(vals, pa.binary())], fields=list(HEADERS_TYPE.value_type)
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items, type=HEADERS_TYPE)
 
 
 def _binary_array(values: list[bytes]) -> pa.Array:

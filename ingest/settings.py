@@ -50,7 +50,15 @@ class IngestSettings(BaseSettings):
         5000, gt=0, description="Most records in one micro-batch (one Delta commit per table)."
     )
     batch_max_bytes: int = Field(
-        64 * 1024 * 1024, gt=0, description="Most payload bytes in one micro-batch."
+        64 * 1024 * 1024, gt=0, le=1024**3, description="Most payload bytes in one micro-batch."
+    )
+    side_table_lag_records: int = Field(
+        50_000,
+        ge=0,
+        description=(
+            "How far (in offsets) the late and dlq tables' stored offsets may trail raw's before an "
+            "offsets-only commit is made for them; a killed run re-reads at most this much."
+        ),
     )
     commit_retries: int = Field(
         20, ge=0, description="How often a micro-batch is re-planned after losing a commit race."

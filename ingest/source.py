@@ -51,6 +51,7 @@ class KafkaSource:
         self._bounds: dict[int, int] = {}
         self._assigned: list[int] = []
         self._last_progress = time.monotonic()
+        self._pool: Any = None
 
     def assign(self, start: dict[int, int], *, bounded: bool) -> None:
         """Read each partition in ``start`` from its offset; bounded runs stop at the high watermark."""
@@ -92,6 +93,15 @@ class KafkaSource:
         return all(
             self._consumer.position(self._tp(self.topic, p)) >= self._bounds[p] for p in self._assigned
         )
+
+    def submit_fetch(self, max_records: int, max_bytes: int, wait_s: float) -> Any:
+        """Start :meth:`fetch` on a worker thread; the returned future's ``result()`` gives the records.
+        The caller touches the source again only after that result is in."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmlake-fetch")
+        return self._pool.submit(self.fetch, max_records, max_bytes, wait_s)
 
     def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Any]:
         """Up to ``max_records`` records (or ``max_bytes`` of payload), waiting at most ``wait_s`` for the first.
@@ -149,4 +159,6 @@ class KafkaSource:
         return batch[:end]
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self._consumer.close()

@@ -10,9 +10,9 @@ import hashlib
 import io
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
+from typing import NamedTuple
 
 HEADER_EVENT_TIME = "mm-event-time"
 HEADER_MODALITY = "mm-modality"
@@ -40,8 +40,7 @@ class Reason(str, Enum):
     INVALID_TEXT = "invalid_text"
 
 
-@dataclass(frozen=True, slots=True)
-class Accepted:
+class Accepted(NamedTuple):
     """A record that meets the contract. ``event_time_us`` is UTC epoch microseconds."""
 
     record_id: str
@@ -52,8 +51,7 @@ class Accepted:
     payload_sha256: str
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
+class Rejected(NamedTuple):
     """A record that breaks the contract, with a reason code and a one-line message."""
 
     reason: Reason

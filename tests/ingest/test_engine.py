@@ -211,3 +211,19 @@ def test_follow_mode_picks_up_new_records_until_stopped(producer, new_topic, cfg
     assert not worker.is_alive()
     assert run.summary.accepted == 3
     assert len(table_rows(cfg.lake, "s", "raw")) == 3
+
+
+@pytest.mark.parametrize("lag", [0, 50_000])
+def test_side_table_offsets_trail_raw_by_a_bounded_lag(producer, new_topic, cfg, lag) -> None:
+    topic = new_topic()
+    for i in range(40):
+        producer.send(topic, f"v{i}".encode(), "text", event_time=T0_MS + i, partition=0)
+    producer.flush()
+    summary = run_ingest(topic, "s", cfg.with_overrides(batch_max_records=10, side_table_lag_records=lag))
+    assert (summary.accepted, summary.batches) == (40, 4)
+    for table in ("raw", "late", "dlq"):
+        assert DeltaTable(f"{cfg.lake}/s/{table}").transaction_version(offset_app_id(topic, 0)) == 39
+    late = DeltaTable(f"{cfg.lake}/s/late")
+    # Created, then either one offsets-only commit per batch or one flush at the end of the run.
+    assert late.version() == (4 if lag == 0 else 1)
+    assert run_ingest(topic, "s", cfg).batches == 0

@@ -98,3 +98,18 @@ def test_two_concurrent_runs_on_one_stream(producer, new_topic, settings) -> Non
         assert out.startswith("ingested stream=s")
         print(out.strip())
     _assert_exactly_once(settings, exp)
+
+
+@pytest.mark.slow
+def test_kill_while_side_tables_trail_then_rerun(producer, new_topic, settings) -> None:
+    topic = new_topic()
+    for i in range(30):
+        producer.send(topic, f"v{i}".encode(), "text", event_time=1_767_225_600_000 + i, partition=0)
+    producer.flush()
+    proc = _ingest_process(settings, topic, MMLAKE_FAULT_KILL_AT="after_commit:raw:3")
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert len(table_rows(settings.lake, "s", "raw")) == 21  # three batches of 7 committed
+    rerun = run_ingest(topic, "s", settings.with_overrides(batch_max_records=7))
+    assert rerun.accepted == 9
+    assert sorted(r["kafka_offset"] for r in table_rows(settings.lake, "s", "raw")) == list(range(30))
