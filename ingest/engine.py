@@ -239,7 +239,7 @@ class IngestRun:
         """Commit the batch to dlq, late and raw, each with its offsets; raises CommitFailedError."""
         from deltalake import CommitProperties, write_deltalake
 
-        for name, (schema, partition_by) in TABLES.items():
+        for name, (_, partition_by) in TABLES.items():
             if not self._must_commit(name, batch):
                 continue
             self._check_snapshot(name, batch.last_offset)
@@ -395,7 +395,8 @@ class IngestRun:
                 try:
                     self._commit(batch)
                 except (CommitFailedError, _StaleOffsets):
-                    pending = _drain(pending)
+                    _drain(pending)
+                    pending = None
                     self.summary.conflicts += 1
                     if self.summary.conflicts > settings.commit_retries:
                         raise CommitConflictError(

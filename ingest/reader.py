@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -120,8 +120,3 @@ def read_table(lake: str, stream: str, **kwargs: Any) -> pa.Table:
     if columns:
         schema = pa.schema([schema.field(c) for c in columns])
     return schema.empty_table()
-
-
-def utc(ts: str) -> datetime:
-    """Parse RFC 3339 into an aware UTC datetime (a small convenience for callers)."""
-    return datetime.fromtimestamp(wire.parse_event_time(ts) / 1e6, tz=timezone.utc)

@@ -1,0 +1,28 @@
+"""The docs that users configure from stay true to the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ingest.settings import IngestSettings
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_every_ingest_setting_is_documented_with_its_default() -> None:
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    for name, field in IngestSettings.model_fields.items():
+        variable = f"MMLAKE_{name.upper()}"
+        assert f"`{variable}`" in text, f"{variable} is not in docs/configuration.md"
+        assert field.description, f"{name} has no description"
+        default = field.get_default(call_default_factory=True)
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{variable}`"))
+        shown = "{}" if default == {} else str(default).rstrip("0").rstrip(".") if isinstance(default, float) else str(default)
+        assert shown in row, f"{variable}: default {default!r} not shown in its row"
+
+
+def test_readme_names_the_two_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert "make demo" in text and "make test" in text
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\ndemo:" in makefile and "\ntest:" in makefile
