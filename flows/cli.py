@@ -58,7 +58,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     broker = EmbeddedBroker(port=args.port).start()
     print(f"embedded Kafka broker (Tansu, in memory) at {broker.bootstrap}; Ctrl-C stops it", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: broker.stop())
+    def terminate(*_: object) -> None:
+        raise KeyboardInterrupt  # leave wait() and stop the broker in the finally below
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         broker.wait()
     except KeyboardInterrupt:

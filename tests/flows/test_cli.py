@@ -89,3 +89,23 @@ def test_produce_ingest_read_compact_as_a_user_would(broker, tmp_path) -> None:
     compacted = run("compact", "--stream", "cli")
     assert compacted.returncode == 0, compacted.stderr
     assert "cli/raw: z-ordered by event_time" in compacted.stdout
+
+
+def test_broker_command_serves_until_terminated() -> None:
+    import signal
+
+    from ingest import wait_for_kafka
+
+    port = free_port()
+    exe = shutil.which("mmlake", path=os.path.dirname(sys.executable))
+    proc = subprocess.Popen([exe, "broker", "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert f"127.0.0.1:{port}" in first
+        wait_for_kafka(f"127.0.0.1:{port}", 10)  # answers Kafka requests
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    with pytest.raises(Exception, match="cannot reach Kafka"):
+        wait_for_kafka(f"127.0.0.1:{port}", 1)  # and is gone

@@ -113,3 +113,32 @@ def test_kill_while_side_tables_trail_then_rerun(producer, new_topic, settings) 
     rerun = run_ingest(topic, "s", settings.with_overrides(batch_max_records=7))
     assert rerun.accepted == 9
     assert sorted(r["kafka_offset"] for r in table_rows(settings.lake, "s", "raw")) == list(range(30))
+
+
+@pytest.mark.slow
+def test_broker_that_goes_away_mid_run(tmp_path) -> None:
+    """The run fails with a one-line BrokerUnavailableError; what it committed is consistent."""
+    from ingest import BrokerUnavailableError, EmbeddedBroker, IngestRun, MultimodalProducer, ensure_topic
+    from ingest.engine import offset_app_id
+    from deltalake import DeltaTable
+
+    broker = EmbeddedBroker().start()
+    try:
+        ensure_topic(broker.bootstrap, "t", 1)
+        with MultimodalProducer(broker.bootstrap) as producer:
+            # 1 MB records: more than one fetch response (32 MB), so the run needs the broker later.
+            for i in range(50):
+                payload = f"r{i}".encode().ljust(1_000_000, b".")
+                producer.send("t", payload, "text", event_time=1_767_225_600_000 + i, partition=0)
+        settings = IngestSettings(lake=str(tmp_path / "lake"), kafka_bootstrap=broker.bootstrap,
+                                  batch_max_records=10, kafka_timeout_s=2)
+        run = IngestRun("t", "s", settings, on_batch=lambda s: broker.stop() if s.batches == 1 else None)
+        with pytest.raises(BrokerUnavailableError) as info:
+            run.run()
+        assert "\n" not in str(info.value)
+    finally:
+        broker.stop()
+    rows = table_rows(settings.lake, "s", "raw")
+    offsets = sorted(r["kafka_offset"] for r in rows)
+    assert offsets == list(range(len(offsets))) and 10 <= len(offsets) < 50
+    assert DeltaTable(f"{settings.lake}/s/raw").transaction_version(offset_app_id("t", 0)) == offsets[-1]
