@@ -164,6 +164,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache_serve(args: argparse.Namespace) -> int:
+    from cache.server import serve
+
+    serve(args.port, args.tokens, host=args.host, snapshot_dir=args.snapshot_dir)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from flows.demo import run_demo
 
@@ -224,6 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
     lake(p)
     kafka(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("cache", help="SafeCache, the KV cache for inference servers")
+    cache_sub = p.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
+    p = cache_sub.add_parser("serve", help="serve the SafeCache v1 HTTP API")
+    p.add_argument("--port", type=_positive_int, default=8470)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--tokens", required=True, help="JSON file mapping each bearer token to its tenant")
+    p.add_argument("--snapshot-dir", help="restore live entries from here on start, save them here on stop")
+    p.set_defaults(func=cmd_cache_serve)
 
     p = sub.add_parser("demo", help="the whole pipeline on generated data with the embedded broker")
     p.add_argument("--lake", default="./lake")

@@ -1,0 +1,84 @@
+"""A Python client of the SafeCache v1 HTTP API, for inference servers that do not embed the cache."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from cache.core import Hit, Miss
+from cache.errors import BadRequestError, CacheError, PayloadTooLargeError, UnauthorizedError
+from cache.tiers import Tensors
+
+
+class SafeCacheClient:
+    """``SafeCacheClient("http://127.0.0.1:8470", token)``; the same operations as :class:`SafeCache`."""
+
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
+        import httpx
+
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s,
+                                  headers={"Authorization": f"Bearer {token}"})
+
+    def _raise(self, response: Any) -> None:
+        if response.status_code < 400:
+            return
+        try:
+            message = response.json().get("error", response.text)
+        except ValueError:
+            message = response.text
+        kind = {401: UnauthorizedError, 413: PayloadTooLargeError}.get(response.status_code, BadRequestError)
+        if response.status_code >= 500:
+            kind = CacheError
+        raise kind(f"{response.status_code}: {message}")
+
+    def put(self, model_id: str, embedding: Any, tensors: Tensors, *, ttl_s: float | None = None) -> dict[str, Any]:
+        import torch
+        from safetensors.torch import save
+
+        metadata = {"model_id": model_id}
+        if ttl_s is not None:
+            metadata["ttl_s"] = str(ttl_s)
+        body = save({**{k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                     "embedding": torch.as_tensor(np.asarray(embedding, dtype=np.float32))}, metadata=metadata)
+        response = self._http.post("/v1/kv", content=body, headers={"Content-Type": "application/octet-stream"})
+        self._raise(response)
+        return dict(response.json())
+
+    def lookup(self, model_id: str, embedding: Any, *, min_similarity: float | None = None) -> Hit | Miss:
+        from safetensors.torch import load
+
+        query: dict[str, Any] = {"model_id": model_id,
+                                 "embedding": np.asarray(embedding, dtype=np.float32).tolist()}
+        if min_similarity is not None:
+            query["min_similarity"] = min_similarity
+        response = self._http.post("/v1/kv/lookup", content=json.dumps(query),
+                                   headers={"Content-Type": "application/json"})
+        if response.status_code == 404:
+            body = response.json()
+            return Miss(body.get("best_similarity"), body.get("reason", "miss"))
+        self._raise(response)
+        return Hit(response.headers["X-SafeCache-Id"], float(response.headers["X-SafeCache-Similarity"]),
+                   load(response.content))
+
+    def delete(self, entry_id: str) -> bool:
+        response = self._http.delete(f"/v1/kv/{entry_id}")
+        if response.status_code == 404:
+            return False
+        self._raise(response)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        response = self._http.get("/v1/stats")
+        self._raise(response)
+        return dict(response.json())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SafeCacheClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
