@@ -33,13 +33,16 @@ class SafeCacheClient:
             kind = CacheError
         raise kind(f"{response.status_code}: {message}")
 
-    def put(self, model_id: str, embedding: Any, tensors: Tensors, *, ttl_s: float | None = None) -> dict[str, Any]:
+    def put(self, model_id: str, embedding: Any, tensors: Tensors, *, ttl_s: float | None = None,
+            source: str | None = None) -> dict[str, Any]:
         import torch
         from safetensors.torch import save
 
         metadata = {"model_id": model_id}
         if ttl_s is not None:
             metadata["ttl_s"] = str(ttl_s)
+        if source is not None:
+            metadata["source"] = source
         body = save({**{k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                      "embedding": torch.as_tensor(np.asarray(embedding, dtype=np.float32))}, metadata=metadata)
         response = self._http.post("/v1/kv", content=body, headers={"Content-Type": "application/octet-stream"})
@@ -68,6 +71,13 @@ class SafeCacheClient:
             return False
         self._raise(response)
         return True
+
+    def invalidate_source(self, source: str) -> int:
+        """Drop this tenant's entries stored from ``source`` (a stream whose drift alarm is up)."""
+        response = self._http.post("/v1/kv/invalidate", content=json.dumps({"source": source}),
+                                   headers={"Content-Type": "application/json"})
+        self._raise(response)
+        return int(response.json()["invalidated"])
 
     def stats(self) -> dict[str, Any]:
         response = self._http.get("/v1/stats")

@@ -39,6 +39,7 @@ class Entry:
     tier: str
     accesses: list[float] = field(default_factory=list)  # most recent last, at most K
     reuse_similarity: float = 1.0
+    source: str | None = None  # the stream the prompt came from, for invalidation on drift
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class SafeCache:
         tensors: Tensors,
         *,
         ttl_s: float | None = None,
+        source: str | None = None,
     ) -> PutResult:
         """Store ``tensors`` under ``embedding``. A near-duplicate of a live entry refreshes it; a bucket
         whose confusable-pair rate passed the bound refuses (``admitted=False``). Bad input raises
@@ -241,6 +243,7 @@ class SafeCache:
                 self._tier_by_name[entry.tier].remove(entry.id)
                 self.tiers[0].put(entry.id, tensors)
                 entry.tier, entry.nbytes, entry.expires_at = self.tiers[0].name, nbytes, expires_at
+                entry.source = source if source is not None else entry.source
                 self._touch(entry, float(sim))
                 self._count(tenant, "refreshes")
                 self._rebalance(protect=entry.id)
@@ -262,7 +265,8 @@ class SafeCache:
             exact = self._exact_hash(unit)
             slot = index.add(entry_id, unit)
             self.tiers[0].put(entry_id, tensors)
-            entry = Entry(entry_id, tenant, model_id, slot, exact, lsh_key, nbytes, expires_at, self.tiers[0].name)
+            entry = Entry(entry_id, tenant, model_id, slot, exact, lsh_key, nbytes, expires_at, self.tiers[0].name,
+                          source=source)
             self._touch(entry, 1.0)
             self._entries[entry_id] = entry
             self._exact.setdefault(namespace, {})[exact] = entry_id
@@ -342,6 +346,10 @@ class SafeCache:
     def tensors_of(self, entry: Entry) -> Tensors:
         return self._tier_by_name[entry.tier].get(entry.id)
 
+    def invalidate_source(self, tenant: str | None, source: str) -> int:
+        """Drop the entries stored from ``source`` (of one tenant, or of all with ``None``)."""
+        return self.invalidate(lambda e: e.source == source and (tenant is None or e.tenant == tenant))
+
     def invalidate(self, predicate: Callable[[Entry], bool]) -> int:
         """Drop every entry the predicate selects (e.g. all of a stream whose drift alarm is up)."""
         with self._lock:
@@ -361,6 +369,7 @@ class SafeCache:
         expires_at: float,
         accesses: list[float],
         reuse_similarity: float,
+        source: str | None = None,
     ) -> bool:
         """Put back an entry from a snapshot with its id, expiry and access history; skips expired ones."""
         namespace = (tenant, model_id)
@@ -376,7 +385,7 @@ class SafeCache:
             self.tiers[0].put(entry_id, tensors)
             entry = Entry(entry_id, tenant, model_id, slot, exact, f"{primary:0{(index.lsh.bits + 3) // 4}x}",
                           tensors_nbytes(tensors), expires_at, self.tiers[0].name, list(accesses)[-K:],
-                          reuse_similarity)
+                          reuse_similarity, source)
             self._entries[entry_id] = entry
             self._exact.setdefault(namespace, {})[exact] = entry_id
             self._rebalance()

@@ -22,7 +22,7 @@ def _flat_index(dim: int) -> Any:
     if faiss.get_num_gpus() > 0:
         resources = faiss.StandardGpuResources()
         index = faiss.GpuIndexFlatIP(resources, dim)
-        index._mmlake_resources = resources  # keep them alive as long as the index
+        setattr(index, "_mmlake_resources", resources)  # keep them alive as long as the index
         return index
     return faiss.IndexFlatIP(dim)
 

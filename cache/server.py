@@ -154,7 +154,8 @@ def create_app(cache: SafeCache, tokens: dict[str, str]) -> Any:
                 ttl_s = float(metadata["ttl_s"])
             except ValueError:
                 raise BadRequestError(f"ttl_s {metadata['ttl_s']!r} is not a number") from None
-        result = await run_in_threadpool(cache.put, tenant, model_id, embedding.numpy(), tensors, ttl_s=ttl_s)
+        result = await run_in_threadpool(cache.put, tenant, model_id, embedding.numpy(), tensors, ttl_s=ttl_s,
+                                         source=metadata.get("source"))
         payload: dict[str, Any] = {"id": result.id, "lsh_key": result.lsh_key, "admitted": result.admitted}
         if result.refreshed:
             payload["refreshed"] = True
@@ -193,6 +194,19 @@ def create_app(cache: SafeCache, tokens: dict[str, str]) -> Any:
                 "X-SafeCache-Id": result.id, "X-SafeCache-Similarity": f"{result.similarity:.6f}"})
         return JSONResponse({"error": "miss", "best_similarity": result.best_similarity, "reason": result.reason},
                             status_code=404)
+
+    @app.post("/v1/kv/invalidate")
+    async def invalidate(request: Request) -> dict[str, int]:
+        """Extension to v1: drop this tenant's entries stored with ``__metadata__.source == source``."""
+        tenant = tenant_of(request)
+        try:
+            query = json.loads(await read_body(request, LOOKUP_BODY_LIMIT))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadRequestError("body is not JSON") from None
+        source = query.get("source") if isinstance(query, dict) else None
+        if not isinstance(source, str) or not source:
+            raise BadRequestError("source is required")
+        return {"invalidated": await run_in_threadpool(cache.invalidate_source, tenant, source)}
 
     @app.delete("/v1/kv/{entry_id}")
     async def delete(entry_id: str, request: Request) -> Response:

@@ -33,15 +33,16 @@ def save_snapshot(cache: SafeCache, folder: str | os.PathLike[str]) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     cache.sweep()
-    manifest = {"format": 1, "lsh": _lsh_params(cache), "entries": []}
+    entries: list[dict[str, object]] = []
+    manifest = {"format": 1, "lsh": _lsh_params(cache), "entries": entries}
     for entry in cache.entries():
         tensors = {k: v.detach().cpu().contiguous() for k, v in cache.tensors_of(entry).items()}
         tensors[_EMBEDDING] = torch.from_numpy(cache.embedding_of(entry))
         save_file(tensors, str(tmp / f"{entry.id}.safetensors"))
-        manifest["entries"].append({
+        entries.append({
             "id": entry.id, "tenant": entry.tenant, "model_id": entry.model_id,
             "expires_at": entry.expires_at, "accesses": entry.accesses,
-            "reuse_similarity": entry.reuse_similarity,
+            "reuse_similarity": entry.reuse_similarity, "source": entry.source,
         })
     (tmp / "manifest.json").write_text(json.dumps(manifest))
     old = target.with_name(target.name + ".old")
@@ -50,7 +51,7 @@ def save_snapshot(cache: SafeCache, folder: str | os.PathLike[str]) -> int:
         os.replace(target, old)
     os.replace(tmp, target)
     shutil.rmtree(old, ignore_errors=True)
-    return len(manifest["entries"])
+    return len(entries)
 
 
 def load_snapshot(cache: SafeCache, folder: str | os.PathLike[str]) -> int:
@@ -72,5 +73,6 @@ def load_snapshot(cache: SafeCache, folder: str | os.PathLike[str]) -> int:
         restored += cache.restore_entry(
             item["id"], item["tenant"], item["model_id"], unit, tensors,
             expires_at=item["expires_at"], accesses=item["accesses"], reuse_similarity=item["reuse_similarity"],
+            source=item.get("source"),
         )
     return restored
