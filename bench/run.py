@@ -10,11 +10,14 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def main() -> int:
-    from bench import ingest_bench
+    from bench import cache_bench, ingest_bench
 
     RESULTS.mkdir(exist_ok=True)
-    benches = {"ingest": ingest_bench.run}
+    benches = {"ingest": ingest_bench.run, "cache": cache_bench.run}
+    only = set(sys.argv[1:])
     for name, bench in benches.items():
+        if only and name not in only:
+            continue
         print(f"bench {name} ...", flush=True)
         report = bench()
         path = RESULTS / f"{name}.json"

@@ -12,6 +12,37 @@ from cache.errors import BadRequestError, CacheError, PayloadTooLargeError, Unau
 from cache.tiers import Tensors
 
 
+_TORCH_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
+
+
+def tensors_from_buffer(buffer: bytearray) -> Tensors:
+    """The tensors of a safetensors file, as views of ``buffer`` (no copy)."""
+    import struct
+
+    import torch
+
+    (header_len,) = struct.unpack("<Q", bytes(buffer[:8]))
+    if header_len > len(buffer) - 8:
+        raise CacheError("hit body is not a safetensors file")
+    header = json.loads(bytes(buffer[8 : 8 + header_len]))
+    base = 8 + header_len
+    out: Tensors = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = spec["data_offsets"]
+        dtype = getattr(torch, _TORCH_DTYPES[spec["dtype"]])
+        if end > start:
+            flat = torch.frombuffer(buffer, dtype=torch.uint8, count=end - start, offset=base + start)
+        else:
+            flat = torch.empty(0, dtype=torch.uint8)
+        out[name] = flat.view(dtype).reshape(spec["shape"])
+    return out
+
+
 class SafeCacheClient:
     """``SafeCacheClient("http://127.0.0.1:8470", token)``; the same operations as :class:`SafeCache`."""
 
@@ -50,20 +81,30 @@ class SafeCacheClient:
         return dict(response.json())
 
     def lookup(self, model_id: str, embedding: Any, *, min_similarity: float | None = None) -> Hit | Miss:
-        from safetensors.torch import load
-
         query: dict[str, Any] = {"model_id": model_id,
                                  "embedding": np.asarray(embedding, dtype=np.float32).tolist()}
         if min_similarity is not None:
             query["min_similarity"] = min_similarity
-        response = self._http.post("/v1/kv/lookup", content=json.dumps(query),
-                                   headers={"Content-Type": "application/json"})
-        if response.status_code == 404:
-            body = response.json()
-            return Miss(body.get("best_similarity"), body.get("reason", "miss"))
-        self._raise(response)
-        return Hit(response.headers["X-SafeCache-Id"], float(response.headers["X-SafeCache-Similarity"]),
-                   load(response.content))
+        with self._http.stream("POST", "/v1/kv/lookup", content=json.dumps(query),
+                               headers={"Content-Type": "application/json"}) as response:
+            if response.status_code != 200:
+                response.read()
+                if response.status_code == 404:
+                    body = response.json()
+                    return Miss(body.get("best_similarity"), body.get("reason", "miss"))
+                self._raise(response)
+            size = int(response.headers.get("Content-Length", "0"))
+            buffer = bytearray(size)
+            got = 0
+            for chunk in response.iter_raw():
+                if got + len(chunk) > size:
+                    raise CacheError("hit body is longer than its Content-Length")
+                buffer[got : got + len(chunk)] = chunk
+                got += len(chunk)
+            if got != size:
+                raise CacheError(f"hit body ended after {got} of {size} bytes")
+            return Hit(response.headers["X-SafeCache-Id"], float(response.headers["X-SafeCache-Similarity"]),
+                       tensors_from_buffer(buffer))
 
     def delete(self, entry_id: str) -> bool:
         response = self._http.delete(f"/v1/kv/{entry_id}")

@@ -22,7 +22,7 @@ def _flat_index(dim: int) -> Any:
     if faiss.get_num_gpus() > 0:
         resources = faiss.StandardGpuResources()
         index = faiss.GpuIndexFlatIP(resources, dim)
-        setattr(index, "_mmlake_resources", resources)  # keep them alive as long as the index
+        index.referenced_resources = resources  # type: ignore[attr-defined]  # keep them alive with the index
         return index
     return faiss.IndexFlatIP(dim)
 
@@ -59,6 +59,26 @@ class VectorIndex:
         self._flat.add(unit.reshape(1, -1))
         self._live += 1
         return slot
+
+    def add_batch(self, entry_ids: list[str], units: np.ndarray) -> list[int]:
+        """Add many unit vectors at once (restores and bulk loads); returns their slots."""
+        start = len(self._ids)
+        need = start + len(units)
+        if need > len(self._vectors):
+            grown = np.zeros((max(need, 2 * len(self._vectors)), self.dim), dtype=np.float32)
+            grown[:start] = self._vectors[:start]
+            self._vectors = grown
+        self._vectors[start:need] = units
+        keys = self.lsh.keys_batch(units).tolist()
+        for offset, (entry_id, row) in enumerate(zip(entry_ids, keys)):
+            slot = start + offset
+            self._ids.append(entry_id)
+            self._keys.append(row)
+            for table, key in enumerate(row):
+                self._buckets[table].setdefault(key, set()).add(slot)
+        self._flat.add(np.ascontiguousarray(units, dtype=np.float32))
+        self._live += len(units)
+        return list(range(start, need))
 
     def replace(self, slot: int, unit: np.ndarray) -> int:
         """Move a slot's vector (a refreshed entry): tombstone it, add the vector again, return the new slot."""

@@ -29,8 +29,8 @@ class HyperplaneLSH:
     """
 
     dim: int
-    bits: int = 14
-    tables: int = 8
+    bits: int = 13
+    tables: int = 12
     seed: int = 20260101
     planes: np.ndarray = field(init=False, repr=False, compare=False)
 

@@ -62,14 +62,49 @@ def parse_safetensors(body: bytes) -> tuple[dict[str, Any], dict[str, str]]:
     return tensors, {str(k): str(v) for k, v in metadata.items()}
 
 
+_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}
+
+
+def safetensors_chunks(tensors: dict[str, Any]) -> tuple[int, list[Any]]:
+    """A safetensors file as (total size, chunks): the header, then each tensor's own memory.
+
+    ``safetensors.torch.save`` copies every tensor into one new bytes object (about 20 ms for 16 MB
+    here); the hit path instead streams the tensors' buffers as they are.
+    """
+    header: dict[str, Any] = {}
+    views: list[Any] = []
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        dtype = _DTYPES.get(str(t.dtype).removeprefix("torch."))
+        if dtype is None:
+            raise CacheError(f"tensor {name} has a dtype safetensors cannot carry: {t.dtype}")
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        views.append(memoryview(t.view(-1).view(torch_uint8()).numpy()) if nbytes else b"")
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
+    head = struct.pack("<Q", len(raw)) + raw
+    return len(head) + offset, [head, *views]
+
+
+def torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
 def create_app(cache: SafeCache, tokens: dict[str, str]) -> Any:
     """The FastAPI application serving ``cache`` to the tenants in ``tokens``."""
     import torch
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-    from safetensors.torch import save
     from starlette.concurrency import run_in_threadpool
 
     app = FastAPI(title="SafeCache", version="1")
@@ -189,9 +224,15 @@ def create_app(cache: SafeCache, tokens: dict[str, str]) -> Any:
         )
         latency.observe(time.perf_counter() - started)
         if isinstance(result, Hit):
-            data = save({k: v.detach().cpu().contiguous() for k, v in result.tensors.items()})
-            return Response(data, media_type="application/octet-stream", headers={
-                "X-SafeCache-Id": result.id, "X-SafeCache-Similarity": f"{result.similarity:.6f}"})
+            size, chunks = safetensors_chunks(result.tensors)
+
+            async def stream() -> Any:
+                for chunk in chunks:
+                    yield chunk
+
+            return StreamingResponse(stream(), media_type="application/octet-stream", headers={
+                "X-SafeCache-Id": result.id, "X-SafeCache-Similarity": f"{result.similarity:.6f}",
+                "Content-Length": str(size)})
         return JSONResponse({"error": "miss", "best_similarity": result.best_similarity, "reason": result.reason},
                             status_code=404)
 

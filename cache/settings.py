@@ -17,8 +17,8 @@ class CacheSettings(BaseSettings):
     refresh_similarity: float = Field(
         0.995, gt=0, le=1, description="A store this close to an existing entry refreshes that entry instead of adding one."
     )
-    lsh_bits: int = Field(14, ge=1, le=62, description="Hyperplanes per LSH table (bits of a bucket key).")
-    lsh_tables: int = Field(8, ge=1, le=64, description="Independent LSH tables; a candidate from any table counts.")
+    lsh_bits: int = Field(13, ge=1, le=62, description="Hyperplanes per LSH table (bits of a bucket key).")
+    lsh_tables: int = Field(12, ge=1, le=64, description="Independent LSH tables; a candidate from any table counts.")
     lsh_probes: int = Field(
         2, ge=0, le=8, description="Multi-probe: also look in the buckets one bit-flip away, for this many low-margin bits."
     )

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from cache.settings import CacheSettings
 from ingest.settings import IngestSettings
 
 ROOT = Path(__file__).parents[1]
 
 
-def test_every_ingest_setting_is_documented_with_its_default() -> None:
+@pytest.mark.parametrize(("model", "prefix"), [(IngestSettings, "MMLAKE_"), (CacheSettings, "MMLAKE_CACHE_")])
+def test_every_setting_is_documented_with_its_default(model, prefix) -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
-    for name, field in IngestSettings.model_fields.items():
-        variable = f"MMLAKE_{name.upper()}"
+    for name, field in model.model_fields.items():
+        variable = f"{prefix}{name.upper()}"
         assert f"`{variable}`" in text, f"{variable} is not in docs/configuration.md"
         assert field.description, f"{name} has no description"
         default = field.get_default(call_default_factory=True)
         row = next(line for line in text.splitlines() if line.startswith(f"| `{variable}`"))
-        shown = "{}" if default == {} else str(default).rstrip("0").rstrip(".") if isinstance(default, float) else str(default)
-        assert shown in row, f"{variable}: default {default!r} not shown in its row"
+        shown = "{}" if default == {} else str(default)
+        assert f"`{shown}`" in row or (isinstance(default, float) and f"`{default:g}`" in row), (
+            f"{variable}: default {default!r} not shown in its row")
 
 
 def test_readme_names_the_two_commands() -> None:

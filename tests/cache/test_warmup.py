@@ -87,7 +87,7 @@ def test_warmup_flow_invalidates_the_drifting_stream_only(prefect_harness, tmp_p
         drifting = alice.put("m", unit(rng, DIM), kv(1), source="s")
         steady = alice.put("m", unit(rng, DIM), kv(2), source="other")
         result = cache_warmup(stream="s", lake=lake, cache_url=running.url, token="tok-alice")
-        assert result == {"keyed": 4, "lsh_versions": [f"hplsh-v1:d{DIM}:b14:t8:s20260101"],
+        assert result == {"keyed": 4, "lsh_versions": [f"hplsh-v1:d{DIM}:b13:t12:s20260101"],
                           "drift_alarm": True, "invalidated": 1}
         ids = {e.id for e in running.cache.entries()}
         assert drifting["id"] not in ids and steady["id"] in ids
