@@ -238,7 +238,7 @@ def transfer(megabytes: int = 16, repeats: int = 31) -> dict[str, Any]:
     exe = shutil.which("mmlake", path=os.path.dirname(sys.executable)) or "mmlake"
     server = subprocess.Popen([exe, "cache", "serve", "--port", str(port), "--tokens", tokens],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "MMLAKE_CACHE_CPU_BYTES": str(4 * size)})
+                              env={**os.environ, "MMLAKE_CACHE_CPU_BYTES": str(4 * size), "MMLAKE_CACHE_GPU_BYTES": "0"})
     try:
         raw_port = int(raw.stdout.readline())  # type: ignore[union-attr]
         import httpx

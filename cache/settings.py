@@ -31,7 +31,9 @@ class CacheSettings(BaseSettings):
     )
     ttl_s: float = Field(120.0, gt=0, description="Default time to live of an entry, seconds (per-entry override).")
     max_ttl_s: float = Field(86_400.0, gt=0, description="Largest per-entry TTL a client may ask for, seconds.")
-    gpu_bytes: int = Field(0, ge=0, description="Byte budget of the GPU tier (0: no GPU tier even with a GPU).")
+    gpu_bytes: int = Field(
+        4 << 30, ge=0, description="Byte budget of the GPU tier, used only where torch sees a GPU (0: no GPU tier)."
+    )
     cpu_bytes: int = Field(1 << 30, ge=0, description="Byte budget of the CPU tier.")
     disk_bytes: int = Field(0, ge=0, description="Byte budget of the disk spill tier (0: evict instead of spilling).")
     disk_dir: str | None = Field(None, description="Folder of the disk tier (safetensors files).")

@@ -99,7 +99,7 @@ def test_near_duplicate_store_refreshes(cache, clock) -> None:
 def test_eviction_order_is_lru2_weighted_by_similarity(clock) -> None:
     rng = np.random.default_rng(6)
     size = 4096
-    cache = SafeCache(CacheSettings(cpu_bytes=3 * size, similarity_weight_s=100), clock=clock)
+    cache = SafeCache(CacheSettings(gpu_bytes=0, cpu_bytes=3 * size, similarity_weight_s=100), clock=clock)
     es = [unit(rng, DIM) for _ in range(6)]
     lsh = cache.lsh_for(DIM)
     for i in range(3):  # stored at t = 1, 2, 3
@@ -128,7 +128,7 @@ def test_eviction_order_is_lru2_weighted_by_similarity(clock) -> None:
 def test_similarity_weight_decides_between_equally_recent_entries(clock) -> None:
     rng = np.random.default_rng(7)
     size = 4096
-    cache = SafeCache(CacheSettings(cpu_bytes=2 * size, similarity_weight_s=100), clock=clock)
+    cache = SafeCache(CacheSettings(gpu_bytes=0, cpu_bytes=2 * size, similarity_weight_s=100), clock=clock)
     a, b = unit(rng, DIM), unit(rng, DIM)
     cache.put("t", "m", a, kv(1, size))
     cache.put("t", "m", b, kv(2, size))
@@ -144,7 +144,7 @@ def test_similarity_weight_decides_between_equally_recent_entries(clock) -> None
 def test_budget_holds_under_load_and_disk_spill_keeps_entries(tmp_path, clock) -> None:
     rng = np.random.default_rng(8)
     size = 8192
-    settings = CacheSettings(cpu_bytes=5 * size, disk_bytes=10 * size, disk_dir=str(tmp_path / "spill"))
+    settings = CacheSettings(gpu_bytes=0, cpu_bytes=5 * size, disk_bytes=10 * size, disk_dir=str(tmp_path / "spill"))
     cache = SafeCache(settings, clock=clock)
     es = []
     for i in range(40):

@@ -55,7 +55,7 @@ class Server:
 
 @pytest.fixture
 def server():
-    with Server(SafeCache(CacheSettings(max_body_bytes=1 << 20, cpu_bytes=64 << 10))) as running:
+    with Server(SafeCache(CacheSettings(max_body_bytes=1 << 20, gpu_bytes=0, cpu_bytes=64 << 10))) as running:
         yield running
 
 
