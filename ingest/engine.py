@@ -24,6 +24,7 @@ Duplicates (same ``record_id``) are dropped, and counted, within the lateness ho
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -378,6 +379,7 @@ class IngestRun:
             return source.submit_fetch(room_after(consumed), settings.batch_max_bytes, settings.idle_timeout_s)
 
         pending: Any = None
+        streak = 0  # consecutive lost commit races: the limit is per micro-batch, not per run
         try:
             while not self.stop.is_set():
                 if pending is None:
@@ -398,14 +400,18 @@ class IngestRun:
                     _drain(pending)
                     pending = None
                     self.summary.conflicts += 1
-                    if self.summary.conflicts > settings.commit_retries:
+                    streak += 1
+                    if streak > settings.commit_retries:
                         raise CommitConflictError(
-                            f"lost the Delta commit race {self.summary.conflicts} times on stream "
+                            f"lost the Delta commit race {streak} times in a row on stream "
                             f"{self.stream!r}; is another writer stuck in a loop?"
                         ) from None
+                    # Back off with jitter, so two writers on one partition stop colliding in lockstep.
+                    self.stop.wait(random.uniform(0, min(1.0, 0.02 * 2**streak)))
                     resume = self._load_state(all_partitions, assigned)
                     source.seek({p: resume[p] for p in assigned})
                     continue
+                streak = 0
                 read += len(records)
                 self.summary.batches += 1
                 self._prune_seen()

@@ -69,21 +69,36 @@ def test_kill_at_a_commit_boundary_then_rerun(producer, new_topic, settings, tab
     _assert_exactly_once(settings, exp)
 
 
+def _raw_version(lake: str) -> int:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(f"{lake}/s/raw").version()
+    except TableNotFoundError:
+        return -1
+
+
 @pytest.mark.slow
 def test_kill_at_random_moments_then_rerun(producer, new_topic, settings) -> None:
     topic = new_topic(partitions=3)
-    exp = produce_mixed(producer, topic, partitions=3, per_partition=60)
+    exp = produce_mixed(producer, topic, partitions=3, per_partition=240)
     rng = random.Random(1234)
     kills = 0
-    for _ in range(4):
+    for attempt in range(4):
         proc = _ingest_process(settings, topic)
-        time.sleep(rng.uniform(1.0, 2.5))  # interpreter start is ~1 s; then batches commit
+        # Wait until this run has committed something, then kill it at a random moment soon after.
+        start_version = _raw_version(settings.lake)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and _raw_version(settings.lake) <= start_version and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.15))
         if proc.poll() is None:
             proc.kill()
             kills += 1
         proc.communicate(timeout=60)
     run_ingest(topic, "s", settings.with_overrides(allowed_lateness_s=120, batch_max_records=7))
-    assert kills >= 1
+    assert kills >= 2
     _assert_exactly_once(settings, exp)
 
 
