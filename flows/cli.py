@@ -171,6 +171,24 @@ def cmd_cache_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lineage_graph(args: argparse.Namespace) -> int:
+    from lineage.query import format_graph, lineage_graph, load_events
+
+    settings = _settings(args)
+    for line in format_graph(lineage_graph(load_events(settings.lake), args.dataset, args.depth)):
+        print(line)
+    return 0
+
+
+def cmd_lineage_explain(args: argparse.Namespace) -> int:
+    from lineage.query import explain_record, format_explain
+
+    settings = _settings(args)
+    for line in format_explain(explain_record(settings.lake, args.stream, args.record_id)):
+        print(line)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from flows.demo import run_demo
 
@@ -240,6 +258,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", required=True, help="JSON file mapping each bearer token to its tenant")
     p.add_argument("--snapshot-dir", help="restore live entries from here on start, save them here on stop")
     p.set_defaults(func=cmd_cache_serve)
+
+    p = sub.add_parser("lineage", help="query the local lineage log (<lake>/_lineage/events.jsonl)")
+    lineage_sub = p.add_subparsers(dest="lineage_command", required=True, metavar="COMMAND")
+    p = lineage_sub.add_parser("graph", help="jobs and datasets upstream and downstream of a dataset")
+    p.add_argument("--dataset", required=True, help="a dataset name, or a unique suffix of one (demo/raw)")
+    p.add_argument("--depth", type=_positive_int, default=2)
+    lake(p)
+    p.set_defaults(func=cmd_lineage_graph)
+    p = lineage_sub.add_parser("explain", help="provenance of one record, from Kafka to drift windows")
+    p.add_argument("--stream", required=True)
+    p.add_argument("--record-id", required=True)
+    lake(p)
+    p.set_defaults(func=cmd_lineage_explain)
 
     p = sub.add_parser("demo", help="the whole pipeline on generated data with the embedded broker")
     p.add_argument("--lake", default="./lake")

@@ -91,6 +91,12 @@ def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> 
     print(f"  dead-letter reasons: {', '.join(reasons)}")
     print(f"  second run (exactly-once check): accepted={second['accepted']} late={second['late']} "
           f"dead_lettered={second['dead_lettered']}")
-    print("  (preprocessing, drift, lineage and the cache join the demo as those stages land)")
+    from lineage import default_events_path
+
+    events_path = Path(default_events_path(lake))
+    events = len(events_path.read_text().splitlines()) if events_path.exists() else 0
+    print(f"  lineage: {events} OpenLineage events in {events_path}")
+    print(f"           try: mmlake lineage graph --lake {lake} --dataset {stream}/raw")
+    print("  (preprocessing, drift and the cache warm-up join the demo as those stages land)")
     expected = {"raw": len(parts), "late": 3, "dlq": len(_MALFORMED)}
     return 0 if rows == expected and second["accepted"] == 0 else 1

@@ -13,6 +13,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from ingest import BrokerUnavailableError, CommitConflictError, IngestSettings, IngestSummary, run_ingest
+from lineage import LineageEmitter
+from lineage.datasets import delta_output, kafka_input
 
 
 #: Set by the CLI's signal handler: a following run finishes its current micro-batch and returns.
@@ -43,22 +45,51 @@ def ingest_task(
     partitions: list[int] | None,
     follow: bool,
     max_records: int | None,
+    lineage_parent: tuple[str, str] | None = None,
 ) -> IngestSummary:
+    from prefect.runtime import task_run
+
     logger = get_run_logger()
+    emitter = LineageEmitter(settings.lake)
+    job = f"{lineage_parent[0]}.ingest-micro-batches" if lineage_parent else f"ingest-stream.{stream}.task"
+    run_id = str(task_run.id)
+    processing = "STREAMING" if follow else "BATCH"
+    inputs = [kafka_input(settings.kafka_bootstrap, topic)]
+    emitter.emit("START", job, run_id, job_type="TASK", processing=processing, parent=lineage_parent, inputs=inputs)
 
     def report(summary: IngestSummary) -> None:
         logger.info(summary.line())
 
-    return run_ingest(
-        topic,
-        stream,
-        settings,
-        partitions=partitions,
-        follow=follow,
-        max_records=max_records,
-        on_batch=report,
-        stop=STOP,
-    )
+    try:
+        summary = run_ingest(
+            topic,
+            stream,
+            settings,
+            partitions=partitions,
+            follow=follow,
+            max_records=max_records,
+            on_batch=report,
+            stop=STOP,
+        )
+    except BaseException as err:
+        emitter.emit("FAIL", job, run_id, job_type="TASK", processing=processing, parent=lineage_parent,
+                     inputs=inputs, error=err)
+        raise
+    emitter.emit("COMPLETE", job, run_id, job_type="TASK", processing=processing, parent=lineage_parent,
+                 inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
+                 outputs=stream_outputs(settings, stream, summary))
+    return summary
+
+
+def stream_outputs(settings: IngestSettings, stream: str, summary: IngestSummary | None) -> list[Any]:
+    """raw, late and dlq as OpenLineage outputs at their current Delta versions."""
+    from ingest.tables import StreamTables
+
+    tables = StreamTables(settings.lake, stream, dict(settings.storage_options))
+    rows = {"raw": summary.accepted, "late": summary.late, "dlq": summary.dead_lettered} if summary else {}
+    size = summary.payload_bytes if summary else None
+    return [delta_output(tables.uri(name), tables.open(name), rows.get(name), size if name == "raw" else None)
+            for name in ("raw", "late", "dlq")]
 
 
 @flow(name="ingest-stream", log_prints=False)
@@ -77,10 +108,24 @@ def ingest_stream(
     Unset parameters come from the ``MMLAKE_...`` environment (see docs/configuration.md).
     Returns the run summary as a dict (accepted, late, duplicates, dead_lettered, offsets, ...).
     """
+    from prefect.runtime import flow_run
+
     settings = IngestSettings().with_overrides(
         lake=lake, kafka_bootstrap=bootstrap, allowed_lateness_s=allowed_lateness_s
     )
-    summary = ingest_task(topic, stream, settings, partitions, follow, max_records)
+    emitter = LineageEmitter(settings.lake)
+    job, run_id = f"ingest-stream.{stream}", str(flow_run.id)
+    processing = "STREAMING" if follow else "BATCH"
+    inputs = [kafka_input(settings.kafka_bootstrap, topic)]
+    emitter.emit("START", job, run_id, processing=processing, inputs=inputs)
+    try:
+        summary = ingest_task(topic, stream, settings, partitions, follow, max_records, (job, run_id))
+    except BaseException as err:
+        emitter.emit("FAIL", job, run_id, processing=processing, inputs=inputs, error=err)
+        raise
+    emitter.emit("COMPLETE", job, run_id, processing=processing,
+                 inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
+                 outputs=stream_outputs(settings, stream, summary))
     create_markdown_artifact(
         key=f"ingest-{stream}".lower().replace("_", "-"),
         markdown=_summary_markdown(summary),

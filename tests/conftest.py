@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -53,3 +54,18 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(autouse=True)
+def every_lineage_event_validates(tmp_path: Any) -> Iterator[None]:
+    """After each test, every OpenLineage event written under its tmp_path (where its lakes live)
+    must validate against the vendored OpenLineage schemas and mmlake's facet schemas."""
+    yield
+    import json
+
+    from tests.lineage.schemas import validate_event
+
+    for log in tmp_path.rglob("_lineage/events.jsonl"):
+        for line in log.read_text().splitlines():
+            if line.strip():
+                validate_event(json.loads(line))

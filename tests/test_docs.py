@@ -8,11 +8,12 @@ import pytest
 
 from cache.settings import CacheSettings
 from ingest.settings import IngestSettings
+from lineage.emitter import LineageSettings
 
 ROOT = Path(__file__).parents[1]
 
 
-@pytest.mark.parametrize(("model", "prefix"), [(IngestSettings, "MMLAKE_"), (CacheSettings, "MMLAKE_CACHE_")])
+@pytest.mark.parametrize(("model", "prefix"), [(IngestSettings, "MMLAKE_"), (CacheSettings, "MMLAKE_CACHE_"), (LineageSettings, "MMLAKE_LINEAGE_")])
 def test_every_setting_is_documented_with_its_default(model, prefix) -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
     for name, field in model.model_fields.items():

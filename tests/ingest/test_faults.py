@@ -85,7 +85,7 @@ def test_kill_at_random_moments_then_rerun(producer, new_topic, settings) -> Non
     exp = produce_mixed(producer, topic, partitions=3, per_partition=240)
     rng = random.Random(1234)
     kills = 0
-    for attempt in range(4):
+    for _ in range(4):
         proc = _ingest_process(settings, topic)
         # Wait until this run has committed something, then kill it at a random moment soon after.
         start_version = _raw_version(settings.lake)

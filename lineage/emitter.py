@@ -1,0 +1,166 @@
+"""One OpenLineage emitter for every flow and task: START, then COMPLETE or FAIL.
+
+The client is configured the standard way (``openlineage.yml``, ``OPENLINEAGE__TRANSPORT__...``,
+``OPENLINEAGE_URL``, ``OPENLINEAGE_DISABLED``). With none of those, events go to a file transport at
+``<lake>/_lineage/events.jsonl``. Emission is bounded in time (``MMLAKE_LINEAGE_TIMEOUT_S``) and never
+raises into the flow: a failed or slow emission is logged and the flow goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
+
+PRODUCER = "https://github.com/mmlake/mmlake"
+
+
+class LineageSettings(BaseSettings):
+    """mmlake's own lineage settings (the transport is OpenLineage's standard configuration)."""
+
+    model_config = SettingsConfigDict(env_prefix="MMLAKE_LINEAGE_", extra="ignore", frozen=True)
+
+    namespace: str = Field("mmlake", description="OpenLineage job namespace of mmlake's flows and tasks.")
+    timeout_s: float = Field(5.0, gt=0, description="Longest an emission may hold up a flow, seconds.")
+
+
+def _standard_config_present() -> bool:
+    if os.environ.get("OPENLINEAGE_URL") or os.environ.get("OPENLINEAGE_CONFIG"):
+        return True
+    if any(k.startswith("OPENLINEAGE__") for k in os.environ):
+        return True
+    return any(p.exists() for p in (Path.cwd() / "openlineage.yml", Path.home() / ".openlineage" / "openlineage.yml"))
+
+
+def default_events_path(lake: str) -> str:
+    root = lake if "://" in lake else os.path.abspath(lake)
+    return f"{root.rstrip('/')}/_lineage/events.jsonl"
+
+
+def _client(lake: str) -> Any:
+    from openlineage.client import OpenLineageClient
+    from openlineage.client.transport.file import FileConfig, FileTransport
+
+    if os.environ.get("OPENLINEAGE_DISABLED", "").strip().lower() == "true" or _standard_config_present():
+        return OpenLineageClient()
+    path = default_events_path(lake)
+    if "://" not in path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return OpenLineageClient(transport=FileTransport(FileConfig(log_file_path=path, append=True)))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class LineageEmitter:
+    """Emits the run events of mmlake's jobs. Never raises; each emit waits at most ``timeout_s``."""
+
+    def __init__(self, lake: str, settings: LineageSettings | None = None) -> None:
+        self.settings = settings or LineageSettings()
+        self.namespace = self.settings.namespace
+        try:
+            self._client: Any = _client(lake)
+        except Exception as err:  # a broken configuration must not stop the pipeline
+            log.warning("OpenLineage disabled for this run: cannot configure the client: %s", err)
+            self._client = None
+
+    def emit(self, event_type: str, job_name: str, run_id: str, *, job_type: str = "JOB",
+             processing: str = "BATCH", parent: tuple[str, str] | None = None,
+             root: tuple[str, str] | None = None, inputs: list[Any] | None = None,
+             outputs: list[Any] | None = None, run_facets: dict[str, Any] | None = None,
+             error: BaseException | None = None, nominal: tuple[str, str | None] | None = None) -> None:
+        """Emit one RunEvent; ``parent``/``root`` are (job name, run id) in this namespace."""
+        if self._client is None:
+            return
+        try:
+            event = self._event(event_type, job_name, run_id, job_type, processing, parent, root,
+                                inputs, outputs, run_facets, error, nominal)
+        except Exception as err:
+            log.warning("OpenLineage event for %s not built: %s", job_name, err)
+            return
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                self._client.emit(event)
+            except BaseException as err:  # noqa: BLE001 - reported below, never raised
+                failure.append(err)
+            finally:
+                done.set()
+
+        threading.Thread(target=send, name="mmlake-lineage", daemon=True).start()
+        if not done.wait(self.settings.timeout_s):
+            log.warning("OpenLineage %s event for %s still not sent after %.1fs; going on",
+                        event_type, job_name, self.settings.timeout_s)
+        elif failure:
+            log.warning("OpenLineage %s event for %s failed: %s", event_type, job_name, failure[0])
+
+    def _event(self, event_type: str, job_name: str, run_id: str, job_type: str, processing: str,
+               parent: tuple[str, str] | None, root: tuple[str, str] | None, inputs: list[Any] | None,
+               outputs: list[Any] | None, run_facets: dict[str, Any] | None, error: BaseException | None,
+               nominal: tuple[str, str | None] | None) -> Any:
+        from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
+        from openlineage.client.facet_v2 import (
+            error_message_run,
+            job_type_job,
+            nominal_time_run,
+            parent_run,
+            processing_engine_run,
+        )
+
+        from mmlake import __version__
+
+        facets: dict[str, Any] = dict(run_facets or {})
+        facets["processing_engine"] = processing_engine_run.ProcessingEngineRunFacet(
+            version=__version__, name="mmlake", openlineageAdapterVersion=_client_version())
+        if parent is not None:
+            root_job, root_run = root or parent
+            facets["parent"] = parent_run.ParentRunFacet(
+                run=parent_run.Run(runId=parent[1]),
+                job=parent_run.Job(namespace=self.namespace, name=parent[0]),
+                root=parent_run.Root(run=parent_run.RootRun(runId=root_run),
+                                     job=parent_run.RootJob(namespace=self.namespace, name=root_job)),
+            )
+        if nominal is not None:
+            facets["nominalTime"] = nominal_time_run.NominalTimeRunFacet(
+                nominalStartTime=nominal[0], nominalEndTime=nominal[1])
+        if error is not None:
+            facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
+                message=str(error) or type(error).__name__, programmingLanguage="python")
+        job_facets: dict[str, Any] = {"jobType": job_type_job.JobTypeJobFacet(
+            processingType=processing, integration="MMLAKE", jobType=job_type)}
+        return RunEvent(
+            eventType=getattr(RunState, event_type),
+            eventTime=now_iso(),
+            producer=PRODUCER,
+            run=Run(runId=run_id, facets=facets),
+            job=Job(namespace=self.namespace, name=job_name, facets=job_facets),
+            inputs=inputs or [],
+            outputs=outputs or [],
+        )
+
+
+def _client_version() -> str:
+    from importlib.metadata import version
+
+    try:
+        return version("openlineage-python")
+    except Exception:
+        return "unknown"
+
+
+def static_run_id(job_name: str, start: datetime, end: datetime) -> str:
+    """The same run id for the same job and range (backfill reruns are identifiable)."""
+    from openlineage.client.uuid import generate_static_uuid
+
+    return str(generate_static_uuid(start, f"{job_name}|{start.isoformat()}|{end.isoformat()}".encode()))

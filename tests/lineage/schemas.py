@@ -1,0 +1,48 @@
+"""Validation of emitted events against the vendored OpenLineage JSON Schemas and our own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator, FormatChecker
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+REPO = Path(__file__).parents[2]
+SPEC = REPO.parent / "shared" / "spec" / "openlineage"
+
+
+def _registry() -> Registry:
+    docs = [json.loads(p.read_text()) for p in [SPEC / "OpenLineage.json", *sorted((SPEC / "facets").glob("*.json"))]]
+    docs += [json.loads(p.read_text()) for p in sorted((REPO / "lineage" / "schemas").glob("*.json"))]
+    return Registry().with_resources(
+        (doc["$id"], Resource.from_contents(doc, default_specification=DRAFT202012)) for doc in docs
+    )
+
+
+REGISTRY = _registry()
+CORE = Draft202012Validator({"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json"}, registry=REGISTRY,
+                            format_checker=FormatChecker())
+
+
+def facets_of(event: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    found += list((event["run"].get("facets") or {}).items())
+    found += list((event["job"].get("facets") or {}).items())
+    for ds in (event.get("inputs") or []) + (event.get("outputs") or []):
+        for group in ("facets", "inputFacets", "outputFacets"):
+            found += list((ds.get(group) or {}).items())
+    return found
+
+
+def validate_event(event: dict[str, Any]) -> None:
+    """The event against the core schema, then each facet against the schema its ``_schemaURL`` names."""
+    CORE.validate(event)
+    for name, facet in facets_of(event):
+        url = facet["_schemaURL"]
+        assert url.startswith(("https://openlineage.io/spec/facets/", "https://mmlake.dev/spec/facets/")), url
+        if url.startswith("https://mmlake.dev/"):
+            assert name.startswith("mmlake_"), name
+        Draft202012Validator({"$ref": url}, registry=REGISTRY, format_checker=FormatChecker()).validate(facet)
