@@ -63,8 +63,10 @@ def every_lineage_event_validates(tmp_path: Any) -> Iterator[None]:
     yield
     import json
 
-    from tests.lineage.schemas import validate_event
+    from tests.lineage.schemas import SPEC_PRESENT, validate_event
 
+    if not SPEC_PRESENT:
+        return  # the lineage tests themselves skip, naming the missing spec
     for log in tmp_path.rglob("_lineage/events.jsonl"):
         for line in log.read_text().splitlines():
             if line.strip():

@@ -13,6 +13,18 @@ from tests.fixtures.streams import produce_mixed
 pytestmark = pytest.mark.slow
 
 
+def _task_runs(flow_run_id):
+    """The task runs of a flow run, read back from the Prefect API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+    return asyncio.run(read())
+
+
 def test_flow_ingests_and_reports(prefect_harness, producer, new_topic, settings) -> None:
     from flows.ingest import ingest_stream
 
@@ -29,8 +41,6 @@ def test_flow_ingests_and_reports(prefect_harness, producer, new_topic, settings
 
 def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypatch, tmp_path) -> None:
     import flows.ingest as module
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     monkeypatch.setenv("MMLAKE_KAFKA_TIMEOUT_S", "0.5")
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
@@ -40,33 +50,19 @@ def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypa
     with pytest.raises(BrokerUnavailableError):
         state.result()
 
-    async def task_runs():
-        async with get_client() as client:
-            return await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
-            )
-
-    (task_run,) = asyncio.run(task_runs())
+    (task_run,) = _task_runs(state.state_details.flow_run_id)
     assert task_run.run_count == 4  # the first attempt and three retries
 
 
 def test_non_transient_errors_are_not_retried(prefect_harness, broker, monkeypatch, tmp_path) -> None:
     import flows.ingest as module
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
     state = module.ingest_stream(topic="no-such-topic", stream="s", lake=str(tmp_path),
                                  bootstrap=broker.bootstrap, return_state=True)
     assert state.is_failed()
 
-    async def task_runs():
-        async with get_client() as client:
-            return await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
-            )
-
-    (task_run,) = asyncio.run(task_runs())
+    (task_run,) = _task_runs(state.state_details.flow_run_id)
     assert task_run.run_count == 1
 
 

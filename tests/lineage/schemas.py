@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,14 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 REPO = Path(__file__).parents[2]
-SPEC = REPO.parent / "shared" / "spec" / "openlineage"
+SPEC = Path(os.environ.get("MMLAKE_OPENLINEAGE_SPEC", REPO.parent / "shared" / "spec" / "openlineage"))
+SPEC_PRESENT = (SPEC / "OpenLineage.json").exists()
+MISSING = f"the vendored OpenLineage spec is not at {SPEC} (set MMLAKE_OPENLINEAGE_SPEC)"
 
 
 def _registry() -> Registry:
+    if not SPEC_PRESENT:
+        return Registry()
     docs = [json.loads(p.read_text()) for p in [SPEC / "OpenLineage.json", *sorted((SPEC / "facets").glob("*.json"))]]
     docs += [json.loads(p.read_text()) for p in sorted((REPO / "lineage" / "schemas").glob("*.json"))]
     return Registry().with_resources(
@@ -38,7 +43,12 @@ def facets_of(event: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def validate_event(event: dict[str, Any]) -> None:
-    """The event against the core schema, then each facet against the schema its ``_schemaURL`` names."""
+    """The event against the core schema, then each facet against the schema its ``_schemaURL`` names.
+    Skips the calling test (with the reason) where the spec is not beside the repository."""
+    if not SPEC_PRESENT:
+        import pytest
+
+        pytest.skip(MISSING)
     CORE.validate(event)
     for name, facet in facets_of(event):
         url = facet["_schemaURL"]
