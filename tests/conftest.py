@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The dead-endpoint lineage test leaves an HTTP emission retrying on a daemon thread by design; its
+# urllib3 retry warnings would otherwise print after pytest's summary, through closed log handlers.
+logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 from ingest import EmbeddedBroker, IngestSettings, MultimodalProducer, ensure_topic  # noqa: E402
 
