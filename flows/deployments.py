@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+
+from mmlake.errors import MmlakeError
 
 
 def ingest_deployment(
@@ -20,6 +30,7 @@ def ingest_deployment(
     run is never doubled. Overlap would still be safe (Delta's txn check), only wasted work.
     """
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.deployments.runner import EntrypointType
 
     from flows.ingest import ingest_stream
 
@@ -29,12 +40,65 @@ def ingest_deployment(
         parameters={"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap},
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
         tags=["mmlake", "ingest"],
+        # By module, not by file: loaded as a file, flows/ingest.py would be a module named "ingest"
+        # and shadow the ingest package it imports.
+        entrypoint_type=EntrypointType.MODULE_PATH,
         description=f"Kafka topic {topic} -> Delta stream {stream}, every {interval_s}s (available-now runs).",
     )
 
 
 def serve_ingest(topic: str, stream: str, **kwargs: Any) -> None:
-    """Serve the ingest deployment in this process until interrupted."""
-    from prefect import serve
+    """Serve the ingest deployment in this process until interrupted.
 
-    serve(ingest_deployment(topic, stream, **kwargs))
+    Schedules need a Prefect server with its scheduler service (the per-process ephemeral API has none).
+    With ``PREFECT_API_URL`` set, that server is used; without it, a local ``prefect server start`` is
+    run for as long as this process serves, and stopped with it.
+    """
+    with local_prefect_server():
+        from prefect import serve
+
+        serve(ingest_deployment(topic, stream, **kwargs))
+
+
+@contextlib.contextmanager
+def local_prefect_server(timeout_s: float = 120.0) -> Iterator[str | None]:
+    """Yield the API URL in use: the configured one, or that of a local server started here."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    from ingest.broker import free_port
+
+    port = free_port()
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
+    # The scheduler's default loop is a minute; a short one makes the first scheduled run prompt.
+    env.setdefault("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "5")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if server.poll() is not None:
+                raise MmlakeError(f"the local Prefect server exited with code {server.returncode}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise MmlakeError(f"the local Prefect server did not answer within {timeout_s:g}s")
+            time.sleep(0.5)
+        os.environ["PREFECT_API_URL"] = url
+        print(f"started a local Prefect server at {url} (set PREFECT_API_URL to use your own)", flush=True)
+        yield url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
