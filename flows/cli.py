@@ -84,11 +84,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from ingest.broker import wait_for_kafka
+    from ingest.errors import TopicNotFoundError
+    from ingest.producer import topic_exists
 
     settings = _settings(args)
-    # Fail fast, before Prefect spends seconds starting, when the broker is not there.
-    wait_for_kafka(settings.kafka_bootstrap, settings.kafka_timeout_s)
+    # Fail fast, before Prefect spends seconds starting, when the broker or the topic is not there.
+    if not topic_exists(settings.kafka_bootstrap, args.topic, settings.kafka_timeout_s):
+        raise TopicNotFoundError(f"topic {args.topic!r} does not exist at {settings.kafka_bootstrap}")
     from flows.ingest import STOP, ingest_stream
 
     def stop(*_: object) -> None:

@@ -31,6 +31,21 @@ def _event_time_text(event_time: datetime | int | str) -> str:
     return str(event_time)
 
 
+def topic_exists(bootstrap: str, topic: str, timeout_s: float = 10.0) -> bool:
+    """Whether the cluster at ``bootstrap`` has ``topic``."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    wait_for_kafka(bootstrap, timeout_s)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        return topic in admin.list_topics()
+    except KafkaError as err:
+        raise BrokerUnavailableError(f"cannot list topics at {bootstrap}: {err}") from err
+    finally:
+        admin.close()
+
+
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: float = 10.0) -> None:
     """Create ``topic`` with ``partitions`` partitions unless it exists."""
     from kafka import KafkaAdminClient

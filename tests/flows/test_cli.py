@@ -109,3 +109,12 @@ def test_broker_command_serves_until_terminated() -> None:
         assert proc.wait(15) == 0
     with pytest.raises(Exception, match="cannot reach Kafka"):
         wait_for_kafka(f"127.0.0.1:{port}", 1)  # and is gone
+
+
+def test_missing_topic_is_one_line_before_prefect_starts(broker, tmp_path, capsys) -> None:
+    started = time.monotonic()
+    code = main(["ingest", "--topic", "no-such-topic", "--stream", "s", "--lake", str(tmp_path),
+                 "--bootstrap", broker.bootstrap])
+    assert code == 1 and time.monotonic() - started < 10
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"mmlake: error: topic 'no-such-topic' does not exist at {broker.bootstrap}"]
