@@ -1,8 +1,8 @@
 """Prefect flows (thin orchestration over the library packages) and the ``mmlake`` CLI.
 
-Importing this package does not import Prefect; import ``flows.ingest`` for the flow itself.
+Importing this package does not import Prefect; import ``flows.ingest`` or ``flows.cache`` for a flow.
 """
 
 from __future__ import annotations
 
-__all__ = ["ingest"]
+__all__ = ["cache", "cli", "deployments", "ingest"]  # modules: the flows, the CLI, the schedules

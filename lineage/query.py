@@ -4,7 +4,6 @@ provenance of one record. Both read the file transport's ``<lake>/_lineage/event
 from __future__ import annotations
 
 import json
-import re
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -165,9 +164,6 @@ def explain_record(lake: str, stream: str, record_id: str) -> dict[str, Any]:
         out["drift_windows"] = [w for w in windows if w.get("window_start") is not None
                                 and w["window_start"] <= t < w["window_end"]]
     return out
-
-
-_SAFE = re.compile(r"[^A-Za-z0-9_.:/@-]")
 
 
 def format_graph(graph: dict[str, Any]) -> list[str]:
