@@ -74,6 +74,8 @@ def safetensors_chunks(tensors: dict[str, Any]) -> tuple[int, list[Any]]:
     ``safetensors.torch.save`` copies every tensor into one new bytes object (about 20 ms for 16 MB
     here); the hit path instead streams the tensors' buffers as they are.
     """
+    import torch
+
     header: dict[str, Any] = {}
     views: list[Any] = []
     offset = 0
@@ -84,18 +86,12 @@ def safetensors_chunks(tensors: dict[str, Any]) -> tuple[int, list[Any]]:
             raise CacheError(f"tensor {name} has a dtype safetensors cannot carry: {t.dtype}")
         nbytes = t.numel() * t.element_size()
         header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
-        views.append(memoryview(t.view(-1).view(torch_uint8()).numpy()) if nbytes else b"")
+        views.append(memoryview(t.view(-1).view(torch.uint8).numpy()) if nbytes else b"")
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
     head = struct.pack("<Q", len(raw)) + raw
     return len(head) + offset, [head, *views]
-
-
-def torch_uint8() -> Any:
-    import torch
-
-    return torch.uint8
 
 
 def create_app(cache: SafeCache, tokens: dict[str, str]) -> Any:

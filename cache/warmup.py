@@ -42,11 +42,22 @@ def _open(lake: str, stream: str, table: str, storage_options: dict[str, str] | 
         return None
 
 
+def _keys_table(lake: str, stream: str, storage_options: dict[str, str] | None) -> Any:
+    """``<lake>/<stream>/cache_keys``, created empty if it is not there yet."""
+    from deltalake import DeltaTable
+
+    existing = _open(lake, stream, "cache_keys", storage_options)
+    if existing is not None:
+        return existing
+    return DeltaTable.create(table_uri(lake, stream, "cache_keys"), KEYS_SCHEMA, mode="ignore",
+                             storage_options=storage_options or None)
+
+
 def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = None, *,
                     storage_options: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Append to ``<lake>/<stream>/cache_keys`` the LSH keys of feature rows not keyed yet under the
     current LSH version. Returns (rows keyed, LSH versions used). Rerunning adds nothing."""
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
 
     settings = settings or CacheSettings()
     features = _open(lake, stream, "features", storage_options)
@@ -55,10 +66,7 @@ def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = Non
     table = features.to_pyarrow_table(columns=["record_id", "sample_id", "modality", "event_time", "embedding"])
     if table.num_rows == 0:
         return 0, []
-    keys_uri = table_uri(lake, stream, "cache_keys")
-    existing = _open(lake, stream, "cache_keys", storage_options)
-    if existing is None:
-        existing = DeltaTable.create(keys_uri, KEYS_SCHEMA, mode="ignore", storage_options=storage_options or None)
+    existing = _keys_table(lake, stream, storage_options)
     done = existing.to_pyarrow_table(columns=["record_id", "lsh_version"]).to_pylist()
     done_set = {(r["record_id"], r["lsh_version"]) for r in done}
 
@@ -93,7 +101,7 @@ def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = Non
 def new_drift_alarm(lake: str, stream: str, *, storage_options: dict[str, str] | None = None) -> bool:
     """Whether the drift table has an alarm in a window that ended after the last check; records the
     check in the ``cache_keys`` log (a txn action), so each alarm triggers one invalidation."""
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake import CommitProperties, Transaction, write_deltalake
 
     drift = _open(lake, stream, "drift", storage_options)
     if drift is None:
@@ -103,10 +111,7 @@ def new_drift_alarm(lake: str, stream: str, *, storage_options: dict[str, str] |
     if alarms.num_rows == 0:
         return False
     latest = max(alarms.column("window_end").cast(UTC_US).cast(pa.int64()).to_pylist())
-    keys = _open(lake, stream, "cache_keys", storage_options)
-    if keys is None:
-        keys = DeltaTable.create(table_uri(lake, stream, "cache_keys"), KEYS_SCHEMA, mode="ignore",
-                                 storage_options=storage_options or None)
+    keys = _keys_table(lake, stream, storage_options)
     app = _DRIFT_APP.format(stream=stream)
     checked = keys.transaction_version(app)
     if checked is not None and checked >= latest:

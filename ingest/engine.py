@@ -238,30 +238,12 @@ class IngestRun:
 
     def _commit(self, batch: _Batch) -> None:
         """Commit the batch to dlq, late and raw, each with its offsets; raises CommitFailedError."""
-        from deltalake import CommitProperties, write_deltalake
-
-        for name, (_, partition_by) in TABLES.items():
+        for name in TABLES:
             if not self._must_commit(name, batch):
                 continue
-            self._check_snapshot(name, batch.last_offset)
-            txns = self._offset_txns(name, batch.last_offset)
-            if not txns:
-                continue
             data = batch.rows[name].table()
-            crash_point(f"before_commit:{name}")
-            write_deltalake(
-                self._dts[name],
-                data,
-                mode="append",
-                partition_by=partition_by or None,
-                commit_properties=CommitProperties(
-                    app_transactions=txns,
-                    custom_metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
-                ),
-            )
-            crash_point(f"after_commit:{name}")
-            for p, last in batch.last_offset.items():
-                self._committed[name][p] = max(self._committed[name][p], last)
+            if not self._append(name, data, batch.last_offset):
+                continue
             if name == "dlq":
                 self.summary.dead_lettered += data.num_rows
             elif name == "late":
@@ -274,6 +256,32 @@ class IngestRun:
         for p, last in batch.last_offset.items():
             span = self.summary.offsets.setdefault(p, [batch.first_offset[p], last])
             span[1] = last
+
+    def _append(self, table: str, data: pa.Table, last_offset: dict[int, int]) -> bool:
+        """One Delta commit to ``table``: ``data`` plus the txn actions moving its offsets (and
+        watermark state) to ``last_offset``. False when the table already holds those offsets.
+        Raises CommitFailedError or _StaleOffsets when another writer got there first."""
+        from deltalake import CommitProperties, write_deltalake
+
+        self._check_snapshot(table, last_offset)
+        txns = self._offset_txns(table, last_offset)
+        if not txns:
+            return False
+        crash_point(f"before_commit:{table}")
+        write_deltalake(
+            self._dts[table],
+            data,
+            mode="append",
+            partition_by=TABLES[table][1] or None,
+            commit_properties=CommitProperties(
+                app_transactions=txns,
+                custom_metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
+            ),
+        )
+        crash_point(f"after_commit:{table}")
+        for p, last in last_offset.items():
+            self._committed[table][p] = max(self._committed[table][p], last)
+        return True
 
     def _must_commit(self, table: str, batch: _Batch) -> bool:
         """raw always commits; late and dlq when they have rows or their offsets trail too far."""
@@ -308,27 +316,11 @@ class IngestRun:
     def _flush_side_offsets(self, assigned: Iterable[int]) -> None:
         """At the end of a run, bring late and dlq offsets up to raw's with offsets-only commits,
         so the next run resumes where this one stopped rather than where a side table last wrote."""
-        from deltalake import CommitProperties, write_deltalake
-
         raw = self._committed["raw"]
         for table in ("dlq", "late"):
             behind = {p: raw[p] for p in assigned if raw[p] > self._committed[table][p]}
-            if not behind:
-                continue
-            self._check_snapshot(table, behind)
-            schema, partition_by = TABLES[table]
-            write_deltalake(
-                self._dts[table],
-                schema.empty_table(),
-                mode="append",
-                partition_by=partition_by or None,
-                commit_properties=CommitProperties(
-                    app_transactions=self._offset_txns(table, behind),
-                    custom_metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
-                ),
-            )
-            for p, last in behind.items():
-                self._committed[table][p] = last
+            if behind:
+                self._append(table, TABLES[table][0].empty_table(), behind)
 
     def _check_snapshot(self, table: str, partitions: Iterable[int]) -> None:
         """Refuse to commit from offsets that the table snapshot no longer holds.

@@ -81,11 +81,14 @@ def lineage_graph(events: list[dict[str, Any]], dataset: str, depth: int = 2) ->
 
 def _delta_version_adding(table_uri: str, file_path: str) -> int | None:
     """The Delta version whose commit added ``file_path`` (relative to the table)."""
+    from urllib.parse import unquote
+
     log_dir = Path(table_uri) / "_delta_log"
+    wanted = unquote(file_path)
     for commit in sorted(log_dir.glob("*.json")):
         for line in commit.read_text().splitlines():
             action = json.loads(line)
-            if "add" in action and action["add"]["path"].replace("%3A", ":") in (file_path, file_path.replace("%3A", ":")):
+            if "add" in action and unquote(action["add"]["path"]) == wanted:
                 return int(commit.stem)
     return None
 
