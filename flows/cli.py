@@ -191,6 +191,112 @@ def cmd_lineage_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _preprocess_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {"lake": _settings(args).lake, "clip_weights": args.clip_weights, "provider": args.provider,
+            "threads": args.threads, "batch_size": args.batch_size}
+
+
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    from flows.preprocess import STOP, preprocess_stream
+    from preprocessing.features import PreprocessSummary
+
+    def stop(*_: object) -> None:
+        STOP.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    result = preprocess_stream(stream=args.stream, operators=args.operator or None, max_rows=args.max_rows,
+                               **_preprocess_overrides(args))
+    print(PreprocessSummary(**result).line())
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from ingest.reader import to_epoch_us
+    from ingest.errors import InputError
+    from flows.preprocess import PROGRESS, backfill_features
+    from preprocessing.features import PreprocessSummary
+
+    lo, hi = to_epoch_us(args.start), to_epoch_us(args.end)
+    if lo is None or hi is None or hi <= lo:
+        raise InputError(f"--from must be before --to (got {args.start} .. {args.end})")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn(f"backfill {args.stream} {args.start}..{args.end}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), transient=False, disable=not sys.stderr.isatty() and not args.progress,
+                  console=None) as bar:
+        job = bar.add_task("rows", total=None)
+        PROGRESS.append(lambda done, total: bar.update(job, completed=done, total=total))
+        try:
+            result = backfill_features(stream=args.stream, start=args.start, end=args.end, operator=args.operator,
+                                       force=args.force, **_preprocess_overrides(args))
+        finally:
+            PROGRESS.clear()
+    summary = PreprocessSummary(**result)
+    if summary.skipped_ranges and not summary.rows:
+        print(f"{args.stream}: {args.start}..{args.end} is already up to date ({summary.skipped_ranges} days "
+              "checked, nothing rewritten)")
+    else:
+        print(summary.line())
+    return 0
+
+
+def cmd_ops_list(args: argparse.Namespace) -> int:
+    from preprocessing.features import load_registry
+    from preprocessing.settings import PreprocessSettings
+
+    registry = load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+    defaults = set(registry.defaults.values())
+    print("operators (what features rows name):")
+    for ref, op in sorted(registry.operators.items()):
+        mark = "*" if ref in defaults else " "
+        trained = "trained" if op.trained else "UNTRAINED (seeded)"
+        print(f" {mark} {ref:28} {op.modality:6} sha256 {op.sha256[:16]}  {trained}")
+        for m in op.models:
+            where = registry.model_path(m)
+            state = "generated on first use" if m.generated and not where.exists() else str(where)
+            print(f"     {m.ref:32} opset {m.opset}  sha256 {str(registry.expected_sha256(m))[:16]}  {state}")
+    print("(* default for its modality)")
+    return 0
+
+
+def cmd_ops_verify(args: argparse.Namespace) -> int:
+    from preprocessing.features import load_registry
+    from preprocessing.settings import PreprocessSettings
+    from preprocessing.verify import verify
+
+    registry = load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+    results = verify(registry, regenerate=not args.no_regenerate)
+    for result in results:
+        print(result.text())
+    bad = [r.ref for r in results if not r.ok]
+    if bad:
+        raise MmlakeError(f"{len(bad)} of {len(results)} operator models failed verification: {', '.join(bad)}")
+    return 0
+
+
+def cmd_ops_build(args: argparse.Namespace) -> int:
+    """Generate the encoder models into the cache now (replacing any cached copy)."""
+    from preprocessing.features import load_registry
+    from preprocessing.registry import _atomic_write, sha256_hex
+    from preprocessing.settings import PreprocessSettings
+    from preprocessing.errors import OperatorIntegrityError
+
+    registry = load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+    for spec in registry.models.values():
+        if not spec.generated:
+            continue
+        data = registry.build(spec)
+        expected = registry.expected_sha256(spec)
+        if expected is not None and sha256_hex(data) != expected:
+            raise OperatorIntegrityError(f"regenerated {spec.ref} does not match its recorded SHA-256")
+        if expected is None:
+            registry._record_local(spec.ref, sha256_hex(data))
+        _atomic_write(registry.model_path(spec), data)
+        print(f"{spec.ref}: {registry.model_path(spec)}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from flows.demo import run_demo
 
@@ -273,6 +379,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-id", required=True)
     lake(p)
     p.set_defaults(func=cmd_lineage_explain)
+
+    def runtime(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--clip-weights", metavar="PATH", help="local open_clip checkpoint (default: seeded, untrained)")
+        p.add_argument("--provider", choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
+        p.add_argument("--threads", type=_positive_int, help="intra-op threads per session")
+        p.add_argument("--batch-size", type=_positive_int, help="inputs per encoder call")
+
+    p = sub.add_parser("preprocess", help="compute the features rows a stream is missing (ONNX operators)")
+    p.add_argument("--stream", required=True)
+    lake(p)
+    p.add_argument("--operator", action="append", metavar="NAME@VERSION",
+                   help="use this operator for its modality (repeatable; default: the registry's defaults)")
+    p.add_argument("--max-rows", type=_positive_int, help="stop after this many rows")
+    runtime(p)
+    p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("backfill", help="recompute the features of an event-time range")
+    p.add_argument("--stream", required=True)
+    p.add_argument("--from", dest="start", required=True, help="first event time (RFC 3339 or epoch ms), inclusive")
+    p.add_argument("--to", dest="end", required=True, help="last event time, exclusive")
+    p.add_argument("--operator", metavar="NAME@VERSION", help="only this operator's modality, with this operator")
+    p.add_argument("--force", action="store_true", help="rewrite even a range that is already up to date")
+    p.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
+    lake(p)
+    runtime(p)
+    p.set_defaults(func=cmd_backfill)
+
+    p = sub.add_parser("ops", help="the ONNX operator registry")
+    ops_sub = p.add_subparsers(dest="ops_command", required=True, metavar="COMMAND")
+    p = ops_sub.add_parser("list", help="operators, their models and hashes")
+    p.add_argument("--clip-weights", metavar="PATH")
+    p.set_defaults(func=cmd_ops_list)
+    p = ops_sub.add_parser("verify", help="check every model against its recorded hash and a regeneration")
+    p.add_argument("--clip-weights", metavar="PATH")
+    p.add_argument("--no-regenerate", action="store_true", help="only check the files' hashes")
+    p.set_defaults(func=cmd_ops_verify)
+    p = ops_sub.add_parser("build", help="generate the encoder models into the cache now")
+    p.add_argument("--clip-weights", metavar="PATH")
+    p.set_defaults(func=cmd_ops_build)
 
     p = sub.add_parser("demo", help="the whole pipeline on generated data with the embedded broker")
     p.add_argument("--lake", default="./lake")
