@@ -204,6 +204,28 @@ def load_registry(settings: PreprocessSettings) -> Registry:
     return registry
 
 
+def _read(dt: Any, columns: list[str], filter: Any = None) -> pa.Table:
+    """Columns of a Delta table, strings as plain ``string``. Files rewritten by delta-rs (compaction,
+    delete, predicate overwrite) may hold ``string_view`` columns, which Arrow will not compare with
+    ``string``: string predicates are therefore applied after this, never inside the scan."""
+    table = dt.to_pyarrow_dataset().to_table(columns=columns, filter=filter)
+    for i, f in enumerate(table.schema):
+        if pa.types.is_string_view(f.type) or pa.types.is_large_string(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(pa.string()))
+    return table
+
+
+def _time_range(lo: Any, hi: Any, *, closed: bool = False) -> Any:
+    import pyarrow.dataset as pads
+
+    upper = pads.field("event_time") <= hi if closed else pads.field("event_time") < hi
+    return (pads.field("event_time") >= lo) & upper
+
+
+def _isin(table: pa.Table, column: str, values: Iterable[Any]) -> pa.Table:
+    return table.filter(pc.is_in(table.column(column), value_set=pa.array(list(values), pa.string())))
+
+
 # -- shared commit machinery --------------------------------------------------------------------
 
 class _Stale(Exception):
@@ -340,12 +362,8 @@ def _count(summary: PreprocessSummary, rows: pa.Table) -> None:
 
 def _pending(raw_dt: Any, dt: Any, specs: dict[str, OperatorSpec]) -> pa.Table:
     """Raw rows (record_id, modality, event_time) that no features row covers yet, in event-time order."""
-    import pyarrow.dataset as pads
-
-    keys = raw_dt.to_pyarrow_dataset().to_table(
-        columns=["record_id", "modality", "event_time"],
-        filter=pads.field("modality").isin(list(specs)))
-    done = dt.to_pyarrow_table(columns=["record_id", "op_name", "op_version", "op_sha256"])
+    keys = _isin(_read(raw_dt, ["record_id", "modality", "event_time"]), "modality", specs)
+    done = _read(dt, ["record_id", "op_name", "op_version", "op_sha256"])
     _check_hashes(done, specs)
     done_ids: set[tuple[str, str]] = set()
     names = {f"{s.name}@{s.version}": m for m, s in specs.items()}
@@ -369,13 +387,9 @@ _PAYLOAD_COLUMNS = ["record_id", "sample_id", "modality", "event_time", "payload
 
 def _payloads(raw_dt: Any, chunk: pa.Table) -> pa.Table:
     """The raw rows of ``chunk`` with their payloads (files pruned by the chunk's event-time span)."""
-    import pyarrow.dataset as pads
-
     times = chunk.column("event_time")
-    lo, hi = pc.min(times), pc.max(times)
-    expr = ((pads.field("event_time") >= lo) & (pads.field("event_time") <= hi)
-            & pads.field("record_id").isin(chunk.column("record_id")))
-    table = raw_dt.to_pyarrow_dataset().to_table(columns=_PAYLOAD_COLUMNS, filter=expr)
+    table = _read(raw_dt, _PAYLOAD_COLUMNS, _time_range(pc.min(times), pc.max(times), closed=True))
+    table = _isin(table, "record_id", chunk.column("record_id").to_pylist())
     # One row per record id (a re-sent duplicate past the dedup horizon is the same bytes).
     _, first = np.unique(np.asarray(table.column("record_id").to_pylist(), dtype=object), return_index=True)
     return table.take(pa.array(np.sort(first), pa.int64()))
@@ -416,12 +430,8 @@ def run_backfill(lake: str, stream: str, start: datetime | str | int, end: datet
     app = commit_app_id(stream)
     metadata = {"mmlake.stream": stream, "mmlake.job": "backfill", "mmlake.run": run_id or "",
                 "mmlake.range": f"{_iso(lo)}..{_iso(hi)}", "mmlake.runtime": _json(writer.runtime.as_dict())}
-    import pyarrow.dataset as pads
-
-    keys = raw_dt.to_pyarrow_dataset().to_table(
-        columns=["record_id", "event_time"],
-        filter=(pads.field("event_time") >= pa.scalar(lo, UTC_US)) & (pads.field("event_time") < pa.scalar(hi, UTC_US))
-        & pads.field("modality").isin(list(writer.specs)))
+    keys = _isin(_read(raw_dt, ["record_id", "modality", "event_time"],
+                       _time_range(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US))), "modality", writer.specs)
     total, done = keys.num_rows, 0
     if on_progress:
         on_progress(0, total)
@@ -460,33 +470,21 @@ def run_backfill(lake: str, stream: str, start: datetime | str | int, end: datet
 
 
 def _window(raw_dt: Any, lo: int, hi: int, modalities: list[str]) -> pa.Table:
-    import pyarrow.dataset as pads
-
-    expr = ((pads.field("event_time") >= pa.scalar(lo, UTC_US)) & (pads.field("event_time") < pa.scalar(hi, UTC_US))
-            & pads.field("modality").isin(modalities))
-    table = raw_dt.to_pyarrow_dataset().to_table(columns=_PAYLOAD_COLUMNS, filter=expr)
+    table = _isin(_read(raw_dt, _PAYLOAD_COLUMNS, _time_range(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US))),
+                  "modality", modalities)
     if table.num_rows == 0:
         return table
     _, first = np.unique(np.asarray(table.column("record_id").to_pylist(), dtype=object), return_index=True)
     return table.take(pa.array(np.sort(first), pa.int64()))
 
 
-def _op_filter(specs: dict[str, OperatorSpec]) -> Any:
-    import pyarrow.dataset as pads
-
-    expr = None
-    for spec in specs.values():
-        one = (pads.field("op_name") == spec.name) & (pads.field("op_version") == spec.version)
-        expr = one if expr is None else expr | one
-    return expr
-
-
 def _in_range(dt: Any, lo: int, hi: int, specs: dict[str, OperatorSpec]) -> pa.Table:
-    import pyarrow.dataset as pads
-
-    expr = ((pads.field("event_time") >= pa.scalar(lo, UTC_US)) & (pads.field("event_time") < pa.scalar(hi, UTC_US))
-            & _op_filter(specs))
-    return dt.to_pyarrow_dataset().to_table(columns=["record_id", "op_sha256"], filter=expr)
+    """record_id and op_sha256 of the features rows of ``specs`` in [lo, hi)."""
+    rows = _read(dt, ["record_id", "op_name", "op_version", "op_sha256"],
+                 _time_range(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US)))
+    refs = pc.binary_join_element_wise(rows.column("op_name"), rows.column("op_version"), "@")
+    mine = pc.is_in(refs, value_set=pa.array([s.ref for s in specs.values()], pa.string()))
+    return rows.filter(mine).select(["record_id", "op_sha256"])
 
 
 def _has_rows(dt: Any, lo: int, hi: int, specs: dict[str, OperatorSpec]) -> bool:
