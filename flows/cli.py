@@ -196,9 +196,27 @@ def _preprocess_overrides(args: argparse.Namespace) -> dict[str, Any]:
             "threads": args.threads, "batch_size": args.batch_size}
 
 
+def _precheck(args: argparse.Namespace, operators: list[str]) -> None:
+    """Fail fast, before Prefect spends seconds starting: the stream's raw table and the operators."""
+    from ingest.errors import InputError
+    from ingest.tables import StreamTables
+    from preprocessing.features import load_registry
+    from preprocessing.settings import PreprocessSettings
+
+    settings = _settings(args)
+    tables = StreamTables(settings.lake, args.stream, dict(settings.storage_options))
+    if tables.open("raw") is None:
+        raise InputError(f"stream {args.stream!r} has no raw table at {tables.uri('raw')} (ingest it first)")
+    registry = load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+    for ref in operators:
+        registry.operator(ref)
+
+
 def cmd_preprocess(args: argparse.Namespace) -> int:
     from flows.preprocess import STOP, preprocess_stream
     from preprocessing.features import PreprocessSummary
+
+    _precheck(args, args.operator or [])
 
     def stop(*_: object) -> None:
         STOP.set()
@@ -220,6 +238,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     lo, hi = to_epoch_us(args.start), to_epoch_us(args.end)
     if lo is None or hi is None or hi <= lo:
         raise InputError(f"--from must be before --to (got {args.start} .. {args.end})")
+    _precheck(args, [args.operator] if args.operator else [])
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(TextColumn(f"backfill {args.stream} {args.start}..{args.end}"), BarColumn(), MofNCompleteColumn(),

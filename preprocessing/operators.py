@@ -69,20 +69,29 @@ class Operator:
         raise NotImplementedError
 
     def encode(self, payloads: list[bytes], batch_size: int = 32) -> Encoded:
+        """Embeddings of ``payloads``. Batches are pipelined: while the encoder runs on one batch (ONNX
+        Runtime releases the GIL), the next is decoded and prepared. The result does not depend on it."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
         errors: list[tuple[str, str] | None] = [None] * len(payloads)
+        out = np.zeros((len(payloads), self.dim), dtype=np.float32)
         good: list[int] = []
-        items: list[Any] = []
-        for i, payload in enumerate(payloads):
-            try:
-                items.append(self.prepare(payload))
-                good.append(i)
-            except RowError as err:
-                errors[i] = (err.code, str(err))
-        dim = self.dim
-        out = np.zeros((len(payloads), dim), dtype=np.float32)
-        for start in range(0, len(items), batch_size):
-            chunk = self.encode_prepared(items[start:start + batch_size])
-            out[good[start:start + batch_size]] = chunk
+        pending: list[tuple[list[int], Future[np.ndarray]]] = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmlake-encoder") as encoder:
+            items: list[Any] = []
+            rows: list[int] = []
+            for i, payload in enumerate(payloads):
+                try:
+                    items.append(self.prepare(payload))
+                    rows.append(i)
+                except RowError as err:
+                    errors[i] = (err.code, str(err))
+                if len(items) == batch_size or (i == len(payloads) - 1 and items):
+                    pending.append((rows, encoder.submit(self.encode_prepared, items)))
+                    good.extend(rows)
+                    items, rows = [], []
+            for rows, future in pending:
+                out[rows] = future.result()
         for i in good:
             if not np.all(np.isfinite(out[i])):
                 errors[i] = (NON_FINITE, "the operator produced NaN or infinite values")

@@ -82,7 +82,10 @@ def session(model: bytes, options: RuntimeOptions, *, cpu_only: bool = False) ->
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = options.intra_op_threads
+    # The small preprocessing graphs get one thread: they run per item between Python decoding steps,
+    # where a second pool would only contend with the encoder's. No pool spins while Python works.
+    so.intra_op_num_threads = 1 if cpu_only else options.intra_op_threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0" if cpu_only else "1")
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = {
