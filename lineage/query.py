@@ -155,7 +155,10 @@ def explain_record(lake: str, stream: str, record_id: str) -> dict[str, Any]:
         out["features"] = None
         out["operators"] = None
     else:
-        rows = features.to_pyarrow_dataset().to_table(filter=pads.field("record_id") == record_id).to_pylist()
+        # Filtered after the scan: files rewritten by delta-rs may hold string_view columns, which a
+        # dataset filter will not compare with a string.
+        table = features.to_pyarrow_dataset().to_table(columns=["record_id", "op_name", "op_version", "op_sha256"])
+        rows = [r for r in table.to_pylist() if r["record_id"] == record_id]
         out["features"] = len(rows)
         out["operators"] = sorted({(r.get("op_name"), r.get("op_version"), r.get("op_sha256")) for r in rows})
     drift = tables.open("drift")

@@ -180,6 +180,11 @@ def test_backfill_with_the_default_operators_repairs_a_range(tmp_path: Path, set
     summary = run_backfill(lake, "s", T0_MS + DAY_MS, T0_MS + 2 * DAY_MS, settings)
     assert summary.rows == in_day2.num_rows  # the day was recomputed as a whole
     assert _features(lake).equals(before)  # and the lost row is back, byte-identical
+    from lineage.query import explain_record
+
+    info = explain_record(lake, "s", victim)  # reads the rewritten files (string_view columns) too
+    assert info["features"] == 1 and info["operators"][0][0] == in_day2.filter(
+        pc.equal(in_day2.column("record_id"), victim)).column("op_name")[0].as_py()
 
 
 def test_rows_made_by_other_bytes_under_the_same_version_are_refused(tmp_path: Path, settings,
