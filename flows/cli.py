@@ -196,18 +196,24 @@ def _preprocess_overrides(args: argparse.Namespace) -> dict[str, Any]:
             "threads": args.threads, "batch_size": args.batch_size}
 
 
+def _registry(args: argparse.Namespace) -> Any:
+    """The operator registry the preprocessing commands use (with ``--clip-weights`` where given)."""
+    from preprocessing.features import load_registry
+    from preprocessing.settings import PreprocessSettings
+
+    return load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+
+
 def _precheck(args: argparse.Namespace, operators: list[str]) -> None:
     """Fail fast, before Prefect spends seconds starting: the stream's raw table and the operators."""
     from ingest.errors import InputError
     from ingest.tables import StreamTables
-    from preprocessing.features import load_registry
-    from preprocessing.settings import PreprocessSettings
 
     settings = _settings(args)
     tables = StreamTables(settings.lake, args.stream, dict(settings.storage_options))
     if tables.open("raw") is None:
         raise InputError(f"stream {args.stream!r} has no raw table at {tables.uri('raw')} (ingest it first)")
-    registry = load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+    registry = _registry(args)
     for ref in operators:
         registry.operator(ref)
 
@@ -261,10 +267,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_ops_list(args: argparse.Namespace) -> int:
-    from preprocessing.features import load_registry
-    from preprocessing.settings import PreprocessSettings
 
-    registry = load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+    registry = _registry(args)
     defaults = set(registry.defaults.values())
     print("operators (what features rows name):")
     for ref, op in sorted(registry.operators.items()):
@@ -280,11 +284,9 @@ def cmd_ops_list(args: argparse.Namespace) -> int:
 
 
 def cmd_ops_verify(args: argparse.Namespace) -> int:
-    from preprocessing.features import load_registry
-    from preprocessing.settings import PreprocessSettings
     from preprocessing.verify import verify
 
-    registry = load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+    registry = _registry(args)
     results = verify(registry, regenerate=not args.no_regenerate)
     for result in results:
         print(result.text())
@@ -296,12 +298,10 @@ def cmd_ops_verify(args: argparse.Namespace) -> int:
 
 def cmd_ops_build(args: argparse.Namespace) -> int:
     """Generate the encoder models into the cache now (replacing any cached copy)."""
-    from preprocessing.features import load_registry
     from preprocessing.registry import _atomic_write, sha256_hex
-    from preprocessing.settings import PreprocessSettings
     from preprocessing.errors import OperatorIntegrityError
 
-    registry = load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
+    registry = _registry(args)
     for spec in registry.models.values():
         if not spec.generated:
             continue
