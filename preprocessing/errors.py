@@ -19,3 +19,7 @@ class OperatorNotFoundError(PreprocessError, LookupError):
 
 class ProviderUnavailableError(PreprocessError, RuntimeError):
     """The execution provider asked for is not available here (there is no silent fallback)."""
+
+
+class DriftStateError(PreprocessError, RuntimeError):
+    """The drift table's pinned state (codebook, operators, settings) does not match this run."""
