@@ -230,8 +230,29 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     result = preprocess_stream(stream=args.stream, operators=args.operator or None, max_rows=args.max_rows,
-                               **_preprocess_overrides(args))
+                               then_drift=args.then_drift, **_preprocess_overrides(args))
+    drift = result.pop("drift", None)
     print(PreprocessSummary(**result).line())
+    if drift is not None:
+        print(_drift_line(drift))
+    return 0
+
+
+def _drift_line(result: dict[str, Any]) -> str:
+    from preprocessing.drift.run import DriftSummary
+
+    trained = result.pop("encoder_trained", None)
+    line = DriftSummary(**result).line()
+    return line + (" (embeddings from UNTRAINED seeded encoders)" if trained is False else "")
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    from flows.drift import drift_stream
+
+    result = drift_stream(stream=args.stream, lake=_settings(args).lake, rebuild=args.rebuild,
+                          max_samples=args.max_samples, window=args.window, step=args.step,
+                          reference=args.reference)
+    print(_drift_line(result))
     return 0
 
 
@@ -411,8 +432,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--operator", action="append", metavar="NAME@VERSION",
                    help="use this operator for its modality (repeatable; default: the registry's defaults)")
     p.add_argument("--max-rows", type=_positive_int, help="stop after this many rows")
+    p.add_argument("--then-drift", action="store_true", help="run the drift flow on the stream afterwards")
     runtime(p)
     p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("drift", help="score drift windows over a stream's new features")
+    p.add_argument("--stream", required=True)
+    lake(p)
+    p.add_argument("--rebuild", action="store_true",
+                   help="start over: fit a new reference and rescore every window (after a backfill or a change "
+                        "of operator or settings)")
+    p.add_argument("--max-samples", type=_positive_int, help="take at most this many new samples in this run")
+    p.add_argument("--window", type=_positive_int, help="samples per window (default 128; $MMLAKE_DRIFT_WINDOW)")
+    p.add_argument("--step", type=_positive_int, help="samples between windows (default 16)")
+    p.add_argument("--reference", type=_positive_int, help="samples in the reference window (default 1024)")
+    p.set_defaults(func=cmd_drift)
 
     p = sub.add_parser("backfill", help="recompute the features of an event-time range")
     p.add_argument("--stream", required=True)

@@ -129,12 +129,19 @@ def _run(job: str, stream: str, ingest_settings: IngestSettings, settings: Prepr
 @flow(name="preprocess-stream", log_prints=False)
 def preprocess_stream(stream: str, lake: str | None = None, operators: list[str] | None = None,
                       max_rows: int | None = None, clip_weights: str | None = None, provider: str | None = None,
-                      threads: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
+                      threads: int | None = None, batch_size: int | None = None,
+                      then_drift: bool = False) -> dict[str, Any]:
     """Compute the features rows ``<lake>/<stream>`` is missing, with the default operator of each
-    modality (or the given ``operators``, NAME@VERSION). Unset parameters come from ``MMLAKE_...``."""
+    modality (or the given ``operators``, NAME@VERSION); with ``then_drift``, run the drift flow on the
+    stream afterwards (a subflow). Unset parameters come from ``MMLAKE_...``."""
     ingest_settings, settings = _settings(lake, clip_weights, provider, threads, batch_size)
-    return _run(f"preprocess-stream.{stream}", stream, ingest_settings, settings, operators, max_rows, None,
-                f"preprocess-{stream}".lower().replace("_", "-"))
+    out = _run(f"preprocess-stream.{stream}", stream, ingest_settings, settings, operators, max_rows, None,
+               f"preprocess-{stream}".lower().replace("_", "-"))
+    if then_drift:
+        from flows.drift import drift_stream
+
+        out["drift"] = drift_stream(stream=stream, lake=ingest_settings.lake)
+    return out
 
 
 @flow(name="backfill-features", flow_run_name="backfill {stream} {start}..{end}", log_prints=False)

@@ -54,7 +54,7 @@ class DriftConfig:
     reference: int = 1024
     codes: int = 16
     seed: int = 0
-    k: float = 6.0
+    k: float = 7.0
     ewma_lambda: float = 0.02
     warmup: int = 32
     confirm: int = 2
@@ -235,6 +235,13 @@ def _resampled_sigma(ref: Reference, cfg: DriftConfig, samples: Samples, codes: 
             if value is not None:
                 seen.setdefault(metric, []).append(value)
     out = {metric: float(np.std(v, ddof=1)) for metric, v in seen.items() if len(v) > 1}
+    # Divergences from the reference, measured on windows of the reference itself, vary less than on
+    # new data (the reference's own estimation error is shared): about (1 - f) against (1 + f) in
+    # spread, f = window / reference, as for the distance of a sample mean from an estimated mean.
+    f = size / n
+    for metric in out:
+        if metric.startswith(("js.", "kl.", "shift.")) and f < 1:
+            out[metric] *= (1 + f) / (1 - f)
     for a, b in ref.pairs:
         mi = seen.get(f"mi.{a}-{b}", [])
         d = cfg.decay_windows

@@ -1,0 +1,352 @@
+"""Drift runs over a stream's features table: incremental, exactly-once, pinned.
+
+- Input: ``<lake>/<stream>/features``, the rows of each modality's default operator (one embedding per
+  part); parts are joined into samples by sample id, a sample's time is its earliest part's event time,
+  and samples are taken in (time, sample id) order.
+- The codebooks are fitted once, on the stream's first ``reference`` samples, and pinned in
+  ``<lake>/<stream>/drift_codebook`` (one row per modality: centroids, mean, spread, SHA-256, the operator
+  whose embeddings they were fitted on, and the reference statistics). A later run refuses to go on if
+  the operator, the settings or the codebook bytes changed (``--rebuild`` starts over).
+- Output: ``<lake>/<stream>/drift``, one row per window and metric. Each commit carries the detector's
+  state (EWMA statistics, the samples the next window starts with, the cursor) in its commit metadata
+  and moves a Delta ``txn`` counter (``mmlake-drift/<stream>``) in the same commit, so a run that dies
+  leaves nothing half-done and a rerun continues from the last commit, writing each window once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.errors import InputError
+from ingest.tables import StreamTables
+from preprocessing.drift.codebook import Codebook
+from preprocessing.drift.detector import ERROR, MISSING, NAN, STATUS_NAMES, ZERO_NORM, Detector, Reference, Samples
+from preprocessing.errors import DriftStateError
+from preprocessing.features import _read, load_registry
+from preprocessing.registry import OperatorSpec
+from preprocessing.settings import DriftSettings, PreprocessSettings
+
+STATE_KEY = "mmlake.drift.state"
+UTC_US = pa.timestamp("us", tz="UTC")
+
+DRIFT_SCHEMA = pa.schema([
+    pa.field("window_start", UTC_US, nullable=False),
+    pa.field("window_end", UTC_US, nullable=False),
+    pa.field("first_sample", pa.int64(), nullable=False),
+    pa.field("metric", pa.string(), nullable=False),
+    pa.field("value", pa.float64()),
+    pa.field("threshold", pa.float64()),
+    pa.field("threshold_low", pa.float64()),
+    pa.field("threshold_high", pa.float64()),
+    pa.field("alarm", pa.bool_(), nullable=False),
+    pa.field("event", pa.string()),
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("valid", pa.int32(), nullable=False),
+    pa.field("note", pa.string()),
+    pa.field("codebook_sha256", pa.string(), nullable=False),
+])
+
+CODEBOOK_SCHEMA = pa.schema([
+    pa.field("modality", pa.string(), nullable=False),
+    pa.field("codebook_sha256", pa.string(), nullable=False),
+    pa.field("codes", pa.int32(), nullable=False),
+    pa.field("dim", pa.int32(), nullable=False),
+    pa.field("seed", pa.int64(), nullable=False),
+    pa.field("fitted_on", pa.int64(), nullable=False),
+    pa.field("mean", pa.list_(pa.float32()), nullable=False),
+    pa.field("std", pa.list_(pa.float32()), nullable=False),
+    pa.field("centroids", pa.list_(pa.float32()), nullable=False),
+    pa.field("op_name", pa.string()),
+    pa.field("op_version", pa.string()),
+    pa.field("op_sha256", pa.string()),
+    pa.field("config_sha256", pa.string(), nullable=False),
+    pa.field("reference_from", UTC_US),
+    pa.field("reference_to", UTC_US),
+    pa.field("reference", pa.string(), nullable=False),  # JSON: the reference statistics
+])
+
+
+def app_id(stream: str) -> str:
+    return f"mmlake-drift/{stream}"
+
+
+@dataclass
+class DriftSummary:
+    stream: str
+    samples: int = 0  # samples consumed by this run
+    windows: int = 0
+    rows: int = 0
+    alarms_raised: list[dict[str, Any]] = field(default_factory=list)
+    alarms_up: list[str] = field(default_factory=list)  # metrics in alarm after the run
+    invalid: dict[str, dict[str, int]] = field(default_factory=dict)  # modality -> status -> parts
+    skipped_metrics: int = 0
+    not_monitored: dict[str, str] = field(default_factory=dict)
+    codebook_sha256: str | None = None
+    codebooks: dict[str, str] = field(default_factory=dict)
+    status: str = ""
+    window_rows: list[dict[str, Any]] = field(default_factory=list)  # this run's rows, for the artifact
+
+    def line(self) -> str:
+        alarms = f"; ALARM on {', '.join(self.alarms_up)}" if self.alarms_up else "; no alarm"
+        return f"drift {self.stream}: {self.samples} samples, {self.windows} windows, {self.rows} rows{alarms}. {self.status}"
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "window_rows"}
+        return out
+
+
+# -- features -> samples ------------------------------------------------------------------------
+
+def _defaults(settings: PreprocessSettings | None) -> dict[str, OperatorSpec]:
+    return load_registry(settings or PreprocessSettings()).default_operators()
+
+
+def read_samples(features: Any, ops: dict[str, OperatorSpec], since_us: int | None = None) -> Samples:
+    """The samples of the default operators' rows with event time >= ``since_us``, in order."""
+    import pyarrow.dataset as pads
+
+    flt = None if since_us is None else pads.field("event_time") >= pa.scalar(since_us, UTC_US)
+    table = _read(features, ["record_id", "sample_id", "modality", "event_time", "embedding", "error_code",
+                             "op_name", "op_version"], flt)
+    keep = None
+    for modality, spec in ops.items():
+        mine = pc.and_(pc.equal(table.column("modality"), modality),
+                       pc.and_(pc.equal(table.column("op_name"), spec.name),
+                               pc.equal(table.column("op_version"), spec.version)))
+        keep = mine if keep is None else pc.or_(keep, mine)
+    if keep is None:
+        return Samples.empty([])
+    table = table.filter(keep)
+    sid = pc.coalesce(table.column("sample_id"), table.column("record_id")).to_pylist()
+    times = pc.cast(table.column("event_time"), pa.int64()).to_numpy()
+    order: dict[str, int] = {}
+    first: list[int] = []
+    for s, t in zip(sid, times, strict=True):
+        i = order.setdefault(s, len(order))
+        if i == len(first):
+            first.append(int(t))
+        elif t < first[i]:
+            first[i] = int(t)
+    ids = list(order)
+    rank = sorted(range(len(ids)), key=lambda i: (first[i], ids[i]))
+    position = np.empty(len(ids), dtype=np.int64)
+    position[rank] = np.arange(len(ids))
+    n = len(ids)
+    modalities = table.column("modality").to_pylist()
+    errors = table.column("error_code").to_pylist()
+    emb_col = table.column("embedding").combine_chunks()
+    valid = np.asarray(emb_col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    flat = np.asarray(emb_col.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+    dim = len(flat) // int(valid.sum()) if valid.any() else 0
+    values = flat.reshape(-1, max(dim, 1))
+    value_row = np.cumsum(valid) - 1
+    embeddings = {m: np.full((n, dim), np.nan, dtype=np.float32) for m in ops}
+    status = {m: np.full(n, MISSING, dtype=np.int8) for m in ops}
+    for row, (s, m) in enumerate(zip(sid, modalities, strict=True)):
+        p = position[order[s]]
+        if errors[row] is not None or not valid[row]:
+            status[m][p] = ERROR
+            continue
+        e = values[value_row[row]]
+        embeddings[m][p] = e
+        status[m][p] = NAN if not np.isfinite(e).all() else (ZERO_NORM if not np.any(e) else 0)
+    return Samples(np.asarray([first[i] for i in rank], dtype=np.int64), [ids[i] for i in rank], embeddings, status)
+
+
+def _after(samples: Samples, cursor: tuple[int, str] | None) -> int:
+    """Index of the first sample strictly after ``cursor``."""
+    if cursor is None:
+        return 0
+    t, sid = cursor
+    for i, (ti, si) in enumerate(zip(samples.times.tolist(), samples.ids, strict=True)):
+        if (ti, si) > (t, sid):
+            return i
+    return len(samples)
+
+
+# -- state --------------------------------------------------------------------------------------
+
+def latest_state(dt: Any) -> dict[str, Any] | None:
+    """The detector state of the newest commit that carries one."""
+    if dt is None:
+        return None
+    for entry in dt.history():
+        if STATE_KEY in entry:
+            return json.loads(entry[STATE_KEY])
+    return None
+
+
+def _load_reference(dt: Any) -> tuple[Reference, list[dict[str, Any]]]:
+    rows = dt.to_pyarrow_table().to_pylist()
+    books = {r["modality"]: Codebook.from_row(r) for r in rows}
+    return Reference.from_state(json.loads(rows[0]["reference"]), books), rows
+
+
+def _write_reference(tables: StreamTables, ref: Reference, ops: dict[str, OperatorSpec], config_sha: str,
+                     span: tuple[int, int]) -> None:
+    from deltalake import write_deltalake
+
+    state = json.dumps(ref.as_state(), sort_keys=True)
+    rows = []
+    for m, book in sorted(ref.codebooks.items()):
+        spec = ops.get(m)
+        rows.append({**book.to_row(), "op_name": spec.name if spec else None,
+                     "op_version": spec.version if spec else None, "op_sha256": spec.sha256 if spec else None,
+                     "config_sha256": config_sha, "reference_from": span[0], "reference_to": span[1],
+                     "reference": state})
+    table = _table(rows, CODEBOOK_SCHEMA)
+    write_deltalake(tables.uri("drift_codebook"), table, mode="overwrite", schema_mode="overwrite",
+                    storage_options=tables.storage_options or None, name=f"{tables.stream}.drift_codebook")
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows (timestamps as epoch µs) as a table of ``schema``."""
+    arrays = [pa.array([r[f.name] for r in rows], pa.int64() if f.type == UTC_US else f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, names=schema.names).cast(schema)
+
+
+def _commit(tables: StreamTables, rows: pa.Table, state: dict[str, Any], seen: int, overwrite: bool) -> None:
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from ingest import CommitConflictError
+
+    dt = tables.open("drift")
+    current = -1 if dt is None or dt.transaction_version(app_id(tables.stream)) is None \
+        else int(dt.transaction_version(app_id(tables.stream)))
+    if current != seen:
+        raise CommitConflictError(f"another drift run on {tables.stream!r} committed first (counter {current}, "
+                                  f"expected {seen}); rerun to continue from its state")
+    props = CommitProperties(app_transactions=[Transaction(app_id(tables.stream), seen + 1)],
+                             custom_metadata={STATE_KEY: json.dumps(state, sort_keys=True)})
+    target = dt if dt is not None else tables.uri("drift")
+    write_deltalake(target, rows, mode="overwrite" if overwrite else "append", commit_properties=props,
+                    storage_options=None if dt is not None else (tables.storage_options or None),
+                    name=None if dt is not None else f"{tables.stream}.drift")
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
+              storage_options: dict[str, str] | None = None, preprocess: PreprocessSettings | None = None,
+              ops: dict[str, OperatorSpec] | None = None, rebuild: bool = False,
+              max_samples: int | None = None) -> DriftSummary:
+    """Score the windows the stream's new features complete (see the module docstring).
+    ``max_samples`` bounds how many new samples one run takes (the rest wait for the next run)."""
+    settings = settings or DriftSettings()
+    cfg = settings.config()
+    tables = StreamTables(lake, stream, dict(storage_options or {}))
+    summary = DriftSummary(stream)
+    features = tables.open("features")
+    if features is None:
+        raise InputError(f"stream {stream!r} has no features table at {tables.uri('features')} "
+                         "(run `mmlake preprocess` first)")
+    ops = ops if ops is not None else _defaults(preprocess)
+    op_pins = {m: s.sha256 for m, s in ops.items()}
+    drift_dt = tables.open("drift")
+    counter = -1 if drift_dt is None or drift_dt.transaction_version(app_id(stream)) is None \
+        else int(drift_dt.transaction_version(app_id(stream)))
+    state = None if rebuild else latest_state(drift_dt)
+    book_dt = tables.open("drift_codebook")
+
+    if state is None:
+        samples = read_samples(features, ops)
+        if len(samples) < cfg.reference:
+            summary.status = (f"collecting the reference: {len(samples)} of {cfg.reference} samples; "
+                              "no window scored yet")
+            return summary
+        ref = None
+        if book_dt is not None and not rebuild:
+            ref, rows = _load_reference(book_dt)
+            if rows[0]["config_sha256"] != cfg.sha256 or {r["modality"]: r["op_sha256"] for r in rows} != \
+                    {m: op_pins.get(m) for m in ref.codebooks}:
+                ref = None  # an earlier reference for other settings or operators: refit
+        if ref is None:
+            ref = Reference.fit(samples.slice(0, cfg.reference), cfg)
+            _write_reference(tables, ref, ops, cfg.sha256,
+                             (int(samples.times[0]), int(samples.times[cfg.reference - 1])))
+        detector = Detector(cfg, ref)
+        new = samples.slice(cfg.reference, len(samples))
+        consumed_before = cfg.reference
+        summary.status = (f"reference fitted on samples 1..{cfg.reference}" if book_dt is None or rebuild
+                          else "reference loaded")
+    else:
+        if book_dt is None:
+            raise DriftStateError(f"{tables.uri('drift')} has a state but {tables.uri('drift_codebook')} is gone: "
+                                  "`mmlake drift --rebuild`")
+        ref, rows = _load_reference(book_dt)
+        if ref.sha256 != state["codebook_sha256"]:
+            raise DriftStateError(f"the drift state was scored with codebook {state['codebook_sha256'][:12]}, the "
+                                  f"pinned codebook is {ref.sha256[:12]}: `mmlake drift --rebuild`")
+        if state["config_sha256"] != cfg.sha256:
+            raise DriftStateError("drift settings changed since the reference was fitted "
+                                  f"({_config_diff(state.get('config', {}), cfg.__dict__)}): rerun with the old "
+                                  "settings, or `mmlake drift --rebuild` to start over with the new ones")
+        changed = sorted(m for m in ref.codebooks if state["operators"].get(m) != op_pins.get(m))
+        if changed:
+            raise DriftStateError(f"the default operator of {', '.join(changed)} changed since the codebooks were "
+                                  "fitted (its embeddings are not comparable): `mmlake drift --rebuild`")
+        since = state["detector"]["tail_from_us"]
+        cursor = (int(state["cursor"][0]), str(state["cursor"][1]))
+        samples = read_samples(features, ops, since if since is not None else cursor[0])
+        tail_ids = state["detector"]["tail_ids"]
+        index = {s: i for i, s in enumerate(samples.ids)}
+        missing = [s for s in tail_ids if s not in index]
+        if missing:
+            raise DriftStateError(f"{len(missing)} samples the next window starts with are gone from the features "
+                                  f"table (e.g. {missing[0]}): `mmlake drift --rebuild`")
+        tail = _take(samples, [index[s] for s in tail_ids])
+        start = _after(samples, cursor)
+        new = samples.slice(start, len(samples))
+        detector = Detector(cfg, ref, state["detector"], tail)
+        consumed_before = int(state["consumed"])
+        summary.status = "continued from the last drift commit"
+
+    if max_samples is not None:
+        new = new.slice(0, max_samples)
+    summary.codebook_sha256 = ref.sha256
+    summary.codebooks = {m: b.sha256 for m, b in ref.codebooks.items()}
+    summary.not_monitored = dict(ref.skipped)
+    for m in ref.codebooks:
+        st = new.status.get(m)
+        if st is not None:
+            summary.invalid[m] = {STATUS_NAMES[v]: int((st == v).sum()) for v in (MISSING, NAN, ZERO_NORM, ERROR)}
+    rows = detector.feed(new) if len(new) else []
+    summary.samples = len(new)
+    if not len(new) and not rebuild:
+        summary.status += "; nothing new"
+        return summary
+    last = (int(new.times[-1]), new.ids[-1]) if len(new) else None
+    new_state = {"codebook_sha256": ref.sha256, "config_sha256": cfg.sha256, "config": cfg.__dict__,
+                 "operators": {m: op_pins.get(m) for m in ref.codebooks},
+                 "consumed": consumed_before + len(new), "cursor": list(last) if last else None,
+                 "detector": detector.state()}
+    for r in rows:
+        r["first_sample"] += cfg.reference  # counted from the stream's first sample
+        r["codebook_sha256"] = ref.sha256
+    table = _table(rows, DRIFT_SCHEMA)
+    _commit(tables, table, new_state, counter, overwrite=rebuild)
+    summary.windows = len({r["first_sample"] for r in rows})
+    summary.rows = len(rows)
+    summary.window_rows = rows
+    summary.skipped_metrics = sum(1 for r in rows if r["status"] == "skipped")
+    summary.alarms_raised = [{"metric": r["metric"], "window_start": r["window_start"], "window_end": r["window_end"],
+                              "value": r["value"], "threshold": r["threshold"]} for r in rows if r["event"] == "raised"]
+    summary.alarms_up = sorted(name for name, e in detector.ewma.items() if e.alarm)
+    return summary
+
+
+def _take(samples: Samples, idx: list[int]) -> Samples:
+    ix = np.asarray(idx, dtype=np.int64)
+    return Samples(samples.times[ix], [samples.ids[i] for i in idx], {m: e[ix] for m, e in samples.embeddings.items()},
+                   {m: s[ix] for m, s in samples.status.items()})
+
+
+def _config_diff(old: dict[str, Any], new: dict[str, Any]) -> str:
+    diffs = [f"{k} {old.get(k)} -> {new.get(k)}" for k in sorted(new) if old.get(k) != new.get(k)]
+    return ", ".join(diffs) or "unknown"

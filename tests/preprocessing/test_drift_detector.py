@@ -1,0 +1,140 @@
+"""The detector and the drift runs on generated embedding streams (real Delta tables, no encoders):
+change points found, null streams quiet, bad input counted and never alarming, runs incremental."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from preprocessing.drift.detector import ERROR, Detector, DriftConfig, Reference
+from preprocessing.drift.run import run_drift
+from preprocessing.drift.streams import stream
+from preprocessing.errors import DriftStateError
+from preprocessing.settings import DriftSettings
+from tests.preprocessing.helpers import write_features
+
+CFG = DriftConfig()
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    version: str = "1"
+    sha256: str = "ab" * 32
+
+
+OPS = {"image": Spec("image_clip"), "text": Spec("text_clip"), "audio": Spec("audio_mel")}
+
+
+def _raised(scenario: str, seed: int, n: int = 4000, change: int = 2600, **kw):
+    s = stream(scenario, n, change=change, seed=seed, **kw)
+    det = Detector(CFG, Reference.fit(s.slice(0, CFG.reference), CFG))
+    rows = det.feed(s.slice(CFG.reference, n))
+    # Rows count samples from the end of the reference; the window's last sample, from the stream start:
+    return [(r["first_sample"] + CFG.reference + CFG.window - 1 - change, r["metric"]) for r in rows
+            if r["event"] == "raised"], rows
+
+
+def test_pairing_shuffle_is_found_within_two_windows_by_mutual_information() -> None:
+    raised, _ = _raised("shuffle", seed=5)
+    assert raised and min(d for d, _ in raised) >= 0, raised  # nothing before the change
+    first = {m: d for d, m in reversed(raised)}
+    assert first["mi.image-text"] <= 2 * CFG.window
+    # Marginals do not move: no per-modality metric of image or text fires.
+    assert not [m for _, m in raised if m.split(".")[0] in ("entropy", "js", "shift") and "+" not in m
+                and m.split(".")[1] in ("image", "text")], raised
+
+
+def test_image_covariate_shift_is_found_by_the_image_metrics_only() -> None:
+    raised, _ = _raised("covariate", seed=6)
+    assert raised and min(d for d, _ in raised) >= 0
+    assert raised[0][1].endswith(".image") and raised[0][0] <= 2 * CFG.window
+    assert not [m for _, m in raised if m.endswith(".text") or m.startswith("mi.")], raised
+
+
+@pytest.mark.parametrize("seed", [41, 42])
+def test_null_stream_raises_nothing(seed: int) -> None:
+    raised, rows = _raised("null", seed=seed, n=6000)
+    assert raised == []
+    assert not any(r["alarm"] for r in rows)
+    assert {r["status"] for r in rows} <= {"warmup", "ok", "beyond", "skipped"}
+    # Only the decay rate is skipped, while its MI history fills (nothing is missing here).
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert skipped and all(r["metric"].startswith("mi_decay.") and "MI history" in r["note"] for r in skipped)
+    assert len(skipped) == 3 * (CFG.decay_windows - 1)
+
+
+def test_bad_parts_are_counted_skipped_and_never_alarm() -> None:
+    s = stream("null", 4000, seed=7)
+    rng = np.random.default_rng(0)
+    after = np.arange(len(s)) >= CFG.reference
+    # Past the reference: 20% of captions missing, some NaN and zero-norm images, some error rows.
+    drop = after & (rng.random(len(s)) < 0.2)
+    s.status["text"][drop] = -1
+    s.embeddings["text"][drop] = np.nan
+    nan_rows = after & (rng.random(len(s)) < 0.05)
+    s.embeddings["image"][nan_rows, 3] = np.nan
+    s.status["image"][nan_rows] = -2
+    zero_rows = after & ~nan_rows & (rng.random(len(s)) < 0.05)
+    s.embeddings["image"][zero_rows] = 0.0
+    s.status["image"][zero_rows] = -3
+    err = after & (rng.random(len(s)) < 0.03)
+    s.status["audio"][err & (s.status["audio"] == 0)] = ERROR
+    # A stretch where every caption is missing: text metrics are skipped there, never alarmed.
+    gap = (np.arange(len(s)) >= 2500) & (np.arange(len(s)) < 2700)
+    s.status["text"][gap] = -1
+    det = Detector(CFG, Reference.fit(s.slice(0, CFG.reference), CFG))
+    rows = det.feed(s.slice(CFG.reference, len(s)))
+    assert not any(r["alarm"] for r in rows), [r for r in rows if r["alarm"]][:2]
+    skipped = [r for r in rows if r["status"] == "skipped" and r["metric"] == "entropy.text"]
+    assert skipped and all(r["value"] is None and "valid text" in r["note"] for r in skipped)
+    noted = [r for r in rows if r["metric"] == "entropy.image" and r["note"]]
+    assert noted and any("NaN" in r["note"] and "zero-norm" in r["note"] for r in noted)
+
+
+def test_run_over_the_features_table_is_incremental_and_exactly_once(tmp_path) -> None:
+    lake = str(tmp_path)
+    settings = DriftSettings(reference=512, warmup=16)
+    s = stream("shuffle", 2000, change=1500, seed=8)
+    write_features(lake, "st", s.slice(0, 300), OPS)
+    first = run_drift(lake, "st", settings, ops=OPS)
+    assert first.windows == 0 and "collecting the reference: 300 of 512" in first.status
+    write_features(lake, "st", s.slice(300, 1200), OPS)
+    a = run_drift(lake, "st", settings, ops=OPS)
+    assert a.samples == 1200 - 512 and a.windows > 0 and not a.alarms_up
+    assert run_drift(lake, "st", settings, ops=OPS).rows == 0  # nothing new: no rows, no commit
+    write_features(lake, "st", s.slice(1200, 2000), OPS)
+    b = run_drift(lake, "st", settings, ops=OPS, max_samples=300)
+    c = run_drift(lake, "st", settings, ops=OPS)
+    assert b.samples + c.samples == 800 and "mi.image-text" in c.alarms_up
+
+    # The same stream in one run: the same rows, byte for byte.
+    other = str(tmp_path / "one")
+    write_features(other, "st", s, OPS)
+    run_drift(other, "st", settings, ops=OPS)
+    from deltalake import DeltaTable
+
+    keys = [("first_sample", "ascending"), ("metric", "ascending")]
+    pieces = DeltaTable(f"{lake}/st/drift").to_pyarrow_table().sort_by(keys)
+    whole = DeltaTable(f"{other}/st/drift").to_pyarrow_table().sort_by(keys)
+    assert pieces.num_rows == whole.num_rows > 0 and pieces.equals(whole)
+    firsts = pieces.column("first_sample").to_pylist()
+    assert len(set(zip(firsts, pieces.column("metric").to_pylist(), strict=True))) == pieces.num_rows
+
+    # Pinned: other settings or another operator refuse to continue; --rebuild starts over.
+    with pytest.raises(DriftStateError, match="settings changed.*k 7.0 -> 5.0"):
+        run_drift(lake, "st", settings.with_overrides(k=5.0), ops=OPS)
+    with pytest.raises(DriftStateError, match="default operator of image changed"):
+        run_drift(lake, "st", settings, ops={**OPS, "image": Spec("image_clip", "2", "cd" * 32)})
+    rebuilt = run_drift(lake, "st", settings.with_overrides(k=5.0), ops=OPS, rebuild=True)
+    assert rebuilt.samples == 2000 - 512
+    assert DeltaTable(f"{lake}/st/drift").to_pyarrow_table().num_rows == rebuilt.rows
+
+
+def test_too_few_embeddings_of_a_modality_leave_it_unmonitored() -> None:
+    s = stream("null", 1500, seed=9, audio_every=50)  # 21 audio parts in the reference: fewer than 4 x 16
+    ref = Reference.fit(s.slice(0, CFG.reference), CFG)
+    assert "audio" not in ref.codebooks and "not monitored" in ref.skipped["audio"]
+    assert not any(m.endswith("audio") for m in ref.metrics())
