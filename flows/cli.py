@@ -248,7 +248,14 @@ def _drift_line(result: dict[str, Any]) -> str:
 
 def cmd_drift(args: argparse.Namespace) -> int:
     from flows.drift import drift_stream
+    from ingest.errors import InputError
+    from ingest.tables import StreamTables
 
+    settings = _settings(args)
+    tables = StreamTables(settings.lake, args.stream, dict(settings.storage_options))
+    if tables.open("features") is None:  # before a flow run starts (and its API server with it)
+        raise InputError(f"stream {args.stream!r} has no features table at {tables.uri('features')} "
+                         "(run `mmlake preprocess` first)")
     result = drift_stream(stream=args.stream, lake=_settings(args).lake, rebuild=args.rebuild,
                           max_samples=args.max_samples, window=args.window, step=args.step,
                           reference=args.reference)

@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from ingest import CommitConflictError, IngestSettings
 from lineage import LineageEmitter
 from lineage.datasets import delta_input, delta_output
+from preprocessing.drift.run import DriftSummary, run_drift
 from preprocessing.settings import DriftSettings, PreprocessSettings
 
 #: The most windows one lineage event lists (alarms first, then each metric's last window).
@@ -57,8 +58,7 @@ def _features_input(tables: Any, summary: Any | None) -> Any:
 
 @task(name="score-drift-windows", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=_is_transient)
 def drift_task(stream: str, ingest_settings: IngestSettings, settings: DriftSettings, rebuild: bool,
-               max_samples: int | None) -> Any:
-    from preprocessing.drift.run import run_drift
+               max_samples: int | None) -> DriftSummary:
 
     summary = run_drift(ingest_settings.lake, stream, settings, storage_options=dict(ingest_settings.storage_options),
                         preprocess=PreprocessSettings(), rebuild=rebuild, max_samples=max_samples)

@@ -28,7 +28,7 @@ from ingest.tables import StreamTables
 from preprocessing.drift.codebook import Codebook
 from preprocessing.drift.detector import ERROR, MISSING, NAN, STATUS_NAMES, ZERO_NORM, Detector, Reference, Samples
 from preprocessing.errors import DriftStateError
-from preprocessing.features import _read, load_registry
+from preprocessing.features import _counter, _read, load_registry
 from preprocessing.registry import OperatorSpec
 from preprocessing.settings import DriftSettings, PreprocessSettings
 
@@ -217,8 +217,7 @@ def _commit(tables: StreamTables, rows: pa.Table, state: dict[str, Any], seen: i
     from ingest import CommitConflictError
 
     dt = tables.open("drift")
-    current = -1 if dt is None or dt.transaction_version(app_id(tables.stream)) is None \
-        else int(dt.transaction_version(app_id(tables.stream)))
+    current = -1 if dt is None else _counter(dt, app_id(tables.stream))
     if current != seen:
         raise CommitConflictError(f"another drift run on {tables.stream!r} committed first (counter {current}, "
                                   f"expected {seen}); rerun to continue from its state")
@@ -249,8 +248,7 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     ops = ops if ops is not None else _defaults(preprocess)
     op_pins = {m: s.sha256 for m, s in ops.items()}
     drift_dt = tables.open("drift")
-    counter = -1 if drift_dt is None or drift_dt.transaction_version(app_id(stream)) is None \
-        else int(drift_dt.transaction_version(app_id(stream)))
+    counter = -1 if drift_dt is None else _counter(drift_dt, app_id(stream))
     state = None if rebuild else latest_state(drift_dt)
     book_dt = tables.open("drift_codebook")
 
