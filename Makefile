@@ -20,7 +20,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.mmlake-bench-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench.run
 
 clean:

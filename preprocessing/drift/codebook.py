@@ -32,7 +32,8 @@ class Codebook:
 
     modality: str
     mean: np.ndarray  # (dim,) float32
-    std: np.ndarray  # (dim,) float32, per-dimension spread of the reference (for the mean-shift statistic)
+    std: np.ndarray  # (dim,) float32, per-dimension spread of the reference
+    whiten: np.ndarray  # (dim, dim) float32: inverse square root of the reference's shrunk covariance
     centroids: np.ndarray  # (codes, dim) float32
     seed: int
     fitted_on: int  # how many reference embeddings
@@ -53,6 +54,7 @@ class Codebook:
         h = hashlib.sha256(header)
         h.update(np.ascontiguousarray(self.mean, dtype="<f4").tobytes())
         h.update(np.ascontiguousarray(self.std, dtype="<f4").tobytes())
+        h.update(np.ascontiguousarray(self.whiten, dtype="<f4").tobytes())
         h.update(np.ascontiguousarray(self.centroids, dtype="<f4").tobytes())
         return h.hexdigest()
 
@@ -86,14 +88,16 @@ class Codebook:
                 n = np.linalg.norm(s)
                 centroids[k] = s / n if n > 0 else members[0]
         std = np.maximum(x.std(axis=0), 1e-6).astype(np.float32)
-        return cls(modality, mean, std, centroids.astype(np.float32), seed, len(x))
+        return cls(modality, mean, std, _whitener(x, SHRINKAGE), centroids.astype(np.float32), seed, len(x))
 
     def mean_shift(self, x: np.ndarray) -> float:
-        """How far the mean of ``x`` lies from the reference mean: sum over dimensions of the squared
-        z-score of the mean, standardised as a chi-square with ``dim`` degrees of freedom would be
-        ((S - dim) / sqrt(2 dim)); about 0 (+-1) when ``x`` is drawn like the reference, whatever its size."""
-        z = (np.asarray(x, dtype=np.float64).mean(axis=0) - self.mean) / self.std * np.sqrt(len(x))
-        return float(((z * z).sum() - self.dim) / np.sqrt(2 * self.dim))
+        """How far the mean of ``x`` lies from the reference mean, in the reference's whitened space
+        (Hotelling's T^2 with a shrunk covariance), standardised as a chi-square with ``dim`` degrees of
+        freedom would be ((T^2 - dim) / sqrt(2 dim)): near 0 when ``x`` is drawn like the reference,
+        whatever its size."""
+        z = (np.asarray(x, dtype=np.float64).mean(axis=0) - self.mean) @ self.whiten.astype(np.float64)
+        t2 = len(x) * float(z @ z)
+        return (t2 - self.dim) / float(np.sqrt(2 * self.dim))
 
     # -- persistence (a row of the codebook table) -------------------------------------------------
 
@@ -101,6 +105,7 @@ class Codebook:
         return {"modality": self.modality, "codebook_sha256": self.sha256, "codes": self.codes, "dim": self.dim,
                 "seed": self.seed, "fitted_on": self.fitted_on,
                 "mean": self.mean.astype(np.float32).tolist(), "std": self.std.astype(np.float32).tolist(),
+                "whiten": self.whiten.astype(np.float32).ravel().tolist(),
                 "centroids": self.centroids.astype(np.float32).ravel().tolist()}
 
     @classmethod
@@ -108,12 +113,28 @@ class Codebook:
         dim, codes = int(row["dim"]), int(row["codes"])  # type: ignore[call-overload]
         book = cls(str(row["modality"]), np.asarray(row["mean"], dtype=np.float32),
                    np.asarray(row["std"], dtype=np.float32),
+                   np.asarray(row["whiten"], dtype=np.float32).reshape(dim, dim),
                    np.asarray(row["centroids"], dtype=np.float32).reshape(codes, dim),
                    int(row["seed"]), int(row["fitted_on"]))  # type: ignore[call-overload]
         if book.sha256 != row["codebook_sha256"]:
             raise DriftStateError(f"the {book.modality} codebook's bytes hash to {book.sha256[:16]}..., "
                              f"its row says {str(row['codebook_sha256'])[:16]}...: refusing a changed codebook")
         return book
+
+
+#: Weight of the scaled identity in the shrunk covariance (the reference has few samples per dimension).
+SHRINKAGE = 0.2
+
+
+def _whitener(x: np.ndarray, shrinkage: float) -> np.ndarray:
+    """(1 - s) C + s (tr C / d) I, to the power -1/2 (symmetric), as float32."""
+    c = np.cov(x, rowvar=False)
+    c = np.atleast_2d(c)
+    d = c.shape[0]
+    c = (1 - shrinkage) * c + shrinkage * (np.trace(c) / d) * np.eye(d)
+    vals, vecs = np.linalg.eigh(c)
+    vals = np.maximum(vals, 1e-12)
+    return ((vecs / np.sqrt(vals)) @ vecs.T).astype(np.float32)
 
 
 def _kmeans_pp(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

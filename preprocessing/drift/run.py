@@ -61,6 +61,7 @@ CODEBOOK_SCHEMA = pa.schema([
     pa.field("fitted_on", pa.int64(), nullable=False),
     pa.field("mean", pa.list_(pa.float32()), nullable=False),
     pa.field("std", pa.list_(pa.float32()), nullable=False),
+    pa.field("whiten", pa.list_(pa.float32()), nullable=False),
     pa.field("centroids", pa.list_(pa.float32()), nullable=False),
     pa.field("op_name", pa.string()),
     pa.field("op_version", pa.string()),
