@@ -4,7 +4,9 @@ A generated multimodal data set (images with captions, audio clips, event times 
 plus a few re-sent, late and malformed records goes through the embedded broker into the lake; a
 second run shows that nothing is written twice. The raw rows then go through the ONNX operators into
 the features table (seeded, untrained CLIP towers unless MMLAKE_PREPROCESS_CLIP_WEIGHTS is set), and a
-backfill of one hour, run twice, shows that a rerun changes nothing.
+backfill of one hour, run twice, shows that a rerun changes nothing. A second stream, ``demo-pairs``,
+whose captions stop matching their images part-way through (a pairing shuffle), goes the same way and
+then through drift detection, which raises its alarm on the image-text mutual information.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> 
     from ingest import EmbeddedBroker, MultimodalProducer, ensure_topic, synth
     from ingest.tables import table_uri
 
-    stream_dir = Path(table_uri(lake, stream, "raw")).parent
-    if stream_dir.exists():
-        print(f"removing the previous demo stream at {stream_dir}")
-        shutil.rmtree(stream_dir)
+    for name in (stream, PAIRS_TOPIC):
+        stream_dir = Path(table_uri(lake, name, "raw")).parent
+        if stream_dir.exists():
+            print(f"removing the previous demo stream at {stream_dir}")
+            shutil.rmtree(stream_dir)
     start_ms = 1_767_225_600_000  # 2026-01-01T00:00:00Z
     span_ms = 3 * 3600 * 1000
     with EmbeddedBroker() as broker:
@@ -72,10 +75,16 @@ def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> 
                 producer.send_raw(topic, value, headers, key=f"bad-{i}".encode())
             sent = total
             _progress("produce", total, total)
+            ensure_topic(broker.bootstrap, PAIRS_TOPIC, partitions=1)
+            for part in synth.samples(PAIRS_SAMPLES, start_ms=start_ms, span_ms=3600 * 1000, seed=3,
+                                      shuffle_pairs_after=PAIRS_SHUFFLE_AT):
+                producer.send(PAIRS_TOPIC, part.payload, part.modality, event_time=part.event_time_ms,
+                              sample_id=part.sample_id, content_type=part.content_type)
         t0 = time.monotonic()
         first = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=broker.bootstrap)
         seconds = time.monotonic() - t0
         second = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=broker.bootstrap)
+        ingest_stream(topic=PAIRS_TOPIC, stream=PAIRS_TOPIC, lake=lake, bootstrap=broker.bootstrap)
 
     rows = {}
     for table in ("raw", "late", "dlq"):
@@ -112,8 +121,38 @@ def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> 
     print(f"  backfill {hour[0]}..{hour[1]}: {forced['rows']} rows recomputed; rerun rewrote {rerun['rows']} "
           f"({rerun['skipped_ranges']} day(s) already up to date)")
     print(f"           try: mmlake backfill --lake {lake} --stream {stream} --from {hour[0]} --to {hour[1]} --force")
-    print("  (drift and the cache warm-up join the demo as those stages land)")
+    drift_ok = _drift(lake, stream)
+    print("  (the cache warm-up joins the demo with the whole-pipeline deployment)")
     expected = {"raw": len(parts), "late": 3, "dlq": len(_MALFORMED)}
     ok = rows == expected and second["accepted"] == 0
     ok = ok and features.rows == rows["raw"] and features.errors == 0 and rerun["rows"] == 0 and forced["rows"] > 0
-    return 0 if ok else 1
+    return 0 if ok and drift_ok else 1
+
+
+def _drift(lake: str, stream: str) -> bool:
+    """Drift on both streams: the main one is shorter than a reference; demo-pairs raises its alarm."""
+    from flows.cli import _drift_line
+    from flows.drift import drift_stream
+    from flows.preprocess import preprocess_stream
+
+    short = drift_stream(stream=stream, lake=lake)
+    print(f"  drift on {stream}: {short['status']}")
+    t0 = time.monotonic()
+    preprocess_stream(stream=PAIRS_TOPIC, lake=lake)
+    result = drift_stream(stream=PAIRS_TOPIC, lake=lake, **PAIRS_DRIFT)
+    raised = [a for a in result["alarms_raised"] if a["metric"] == "mi.image-text"]
+    print(f"  drift on {PAIRS_TOPIC} ({PAIRS_SAMPLES} samples, captions shuffled from sample {PAIRS_SHUFFLE_AT} on; "
+          f"small windows: {', '.join(f'{k}={v}' for k, v in PAIRS_DRIFT.items())}; {time.monotonic() - t0:.1f}s):")
+    print(f"    {_drift_line(dict(result))}")
+    if raised:
+        from preprocessing.drift.report import _iso
+
+        print(f"    image-text mutual information alarm raised by the window ending {_iso(raised[0]['window_end'])} "
+              f"(the shuffle began at {_iso(1_767_225_600_000_000 + PAIRS_SHUFFLE_AT * 3600 * 10**6 // PAIRS_SAMPLES)})")
+    print(f"           try: mmlake drift --lake {lake} --stream {PAIRS_TOPIC}   (docs/drift.md)")
+    return bool(raised) and "collecting the reference" in short["status"]
+
+
+PAIRS_TOPIC = "demo-pairs"
+PAIRS_SAMPLES, PAIRS_SHUFFLE_AT = 720, 520
+PAIRS_DRIFT = {"reference": 256, "window": 64, "step": 8, "warmup": 16}

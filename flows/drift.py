@@ -78,7 +78,8 @@ def _trained(tables: Any) -> bool | None:
 
 @flow(name="drift-stream", log_prints=False)
 def drift_stream(stream: str, lake: str | None = None, rebuild: bool = False, max_samples: int | None = None,
-                 window: int | None = None, step: int | None = None, reference: int | None = None) -> dict[str, Any]:
+                 window: int | None = None, step: int | None = None, reference: int | None = None,
+                 warmup: int | None = None) -> dict[str, Any]:
     """Score the windows ``<lake>/<stream>``'s new features complete; ``rebuild`` starts over (new
     reference, every window rescored). Unset parameters come from ``MMLAKE_...``."""
     from prefect.runtime import flow_run
@@ -87,7 +88,7 @@ def drift_stream(stream: str, lake: str | None = None, rebuild: bool = False, ma
     from preprocessing.drift.report import markdown, plot_png
 
     ingest_settings = IngestSettings().with_overrides(lake=lake)
-    settings = DriftSettings().with_overrides(window=window, step=step, reference=reference)
+    settings = DriftSettings().with_overrides(window=window, step=step, reference=reference, warmup=warmup)
     tables = StreamTables(ingest_settings.lake, stream, dict(ingest_settings.storage_options))
     emitter = LineageEmitter(ingest_settings.lake)
     job, run_id = f"drift-stream.{stream}", str(flow_run.id)

@@ -1,4 +1,4 @@
-"""ONNX-pinned preprocessing operators, CLIP encoders and drift detectors (not built yet).
+"""ONNX-pinned preprocessing operators, CLIP encoders and drift detectors (``preprocessing.drift``).
 
 See ../shared/design/ARCHITECTURE.md, "Preprocessing operators" and "Drift".
 """

@@ -9,13 +9,13 @@ import pytest
 from cache.settings import CacheSettings
 from ingest.settings import IngestSettings
 from lineage.emitter import LineageSettings
-from preprocessing.settings import PreprocessSettings
+from preprocessing.settings import DriftSettings, PreprocessSettings
 
 ROOT = Path(__file__).parents[1]
 
 
 @pytest.mark.parametrize(("model", "prefix"), [(IngestSettings, "MMLAKE_"), (CacheSettings, "MMLAKE_CACHE_"), (LineageSettings, "MMLAKE_LINEAGE_"),
-                                                (PreprocessSettings, "MMLAKE_PREPROCESS_")])
+                                                (PreprocessSettings, "MMLAKE_PREPROCESS_"), (DriftSettings, "MMLAKE_DRIFT_")])
 def test_every_setting_is_documented_with_its_default(model, prefix) -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
     for name, field in model.model_fields.items():
