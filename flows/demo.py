@@ -139,7 +139,8 @@ def _drift(lake: str, stream: str) -> bool:
     print(f"  drift on {stream}: {short['status']}")
     t0 = time.monotonic()
     preprocess_stream(stream=PAIRS_TOPIC, lake=lake)
-    result = drift_stream(stream=PAIRS_TOPIC, lake=lake, **PAIRS_DRIFT)
+    result = drift_stream(stream=PAIRS_TOPIC, lake=lake, reference=PAIRS_DRIFT["reference"],
+                          window=PAIRS_DRIFT["window"], step=PAIRS_DRIFT["step"], warmup=PAIRS_DRIFT["warmup"])
     raised = [a for a in result["alarms_raised"] if a["metric"] == "mi.image-text"]
     print(f"  drift on {PAIRS_TOPIC} ({PAIRS_SAMPLES} samples, captions shuffled from sample {PAIRS_SHUFFLE_AT} on; "
           f"small windows: {', '.join(f'{k}={v}' for k, v in PAIRS_DRIFT.items())}; {time.monotonic() - t0:.1f}s):")
