@@ -140,18 +140,24 @@ def cmd_read(args: argparse.Namespace) -> int:
     settings = _settings(args)
     shown = 0
     cols = ["event_time", "modality", "sample_id", "record_id", "kafka_partition", "kafka_offset"]
-    for batch in read_stream(
-        settings.lake, args.stream, args.start, args.end, table=args.table, columns=cols,
-        storage_options=dict(settings.storage_options),
-    ):
-        for row in batch.to_pylist():
-            if shown >= args.limit:
-                return 0
-            print(
-                f"{row['event_time'].isoformat()}  {row['modality']:<5}  {row['sample_id']}  "
-                f"{row['record_id'][:12]}  p{row['kafka_partition']}@{row['kafka_offset']}"
-            )
-            shown += 1
+    batches = read_stream(settings.lake, args.stream, args.start, args.end, table=args.table, columns=cols,
+                          storage_options=dict(settings.storage_options))
+    try:
+        for batch in batches:
+            for row in batch.to_pylist():
+                if shown >= args.limit:
+                    return 0
+                print(f"{row['event_time'].isoformat()}  {row['modality']:<5}  {row['sample_id']}  "
+                      f"{row['record_id'][:12]}  p{row['kafka_partition']}@{row['kafka_offset']}")
+                shown += 1
+    finally:
+        # Release the Delta scan before the interpreter exits: Arrow data of a deltalake scan still
+        # alive at exit can abort the process while delta-rs's runtime shuts down.
+        batches.close()
+        del batches
+        import gc
+
+        gc.collect()
     return 0
 
 

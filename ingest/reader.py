@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -53,7 +53,7 @@ def read_stream(
     columns: Sequence[str] | None = None,
     storage_options: dict[str, str] | None = None,
     window: timedelta = timedelta(hours=1),
-) -> Iterator[pa.RecordBatch]:
+) -> Generator[pa.RecordBatch, None, None]:
     """Yield the rows of ``<lake>/<stream>/<table>`` with ``start <= event_time < end`` in event-time order.
 
     Ties are broken by Kafka partition, then offset, so the order is total and repeatable. Rows are read
