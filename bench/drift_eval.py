@@ -317,5 +317,8 @@ def run() -> dict[str, Any]:
     report["ratios"] = {
         "covariate_delay_vs_best_baseline": None if not best("covariate") else
         round(ours["covariate"]["median_delay"] / best("covariate"), 3),
+        # How many times more windows per second mmlake scores (all 17 metrics) than each baseline.
+        **{f"windows_per_s_vs_{n}": round(report["mmlake_windows_per_s"] * detectors[n]["seconds_per_window"], 1)
+           for n in marginal if "@" not in n and detectors[n].get("seconds_per_window")},
     }
     return report

@@ -92,9 +92,10 @@ class Codebook:
 
     def mean_shift(self, x: np.ndarray) -> float:
         """How far the mean of ``x`` lies from the reference mean, in the reference's whitened space
-        (Hotelling's T^2 with a shrunk covariance), standardised as a chi-square with ``dim`` degrees of
-        freedom would be ((T^2 - dim) / sqrt(2 dim)): near 0 when ``x`` is drawn like the reference,
-        whatever its size."""
+        (Hotelling's T^2 with a shrunk covariance), as (T^2 - dim) / sqrt(2 dim): with a well-estimated
+        covariance, a chi-square with ``dim`` degrees of freedom standardised (about 0 +- 1 whatever the
+        size of ``x``); with a reference of few samples per dimension the shrinkage puts its level lower.
+        Either way its level and spread under no drift are what the thresholds learn."""
         z = (np.asarray(x, dtype=np.float64).mean(axis=0) - self.mean) @ self.whiten.astype(np.float64)
         t2 = len(x) * float(z @ z)
         return (t2 - self.dim) / float(np.sqrt(2 * self.dim))

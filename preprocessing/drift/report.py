@@ -30,7 +30,8 @@ def plot_png(rows: list[dict[str, Any]], title: str) -> bytes:
         mine = [r for r in rows if r["metric"] == metric and r["value"] is not None]
         t = [datetime.fromtimestamp(r["window_end"] / 1e6, UTC) for r in mine]
         ax.plot(t, [r["value"] for r in mine], lw=1, color="tab:blue")
-        for key in ("threshold_low", "threshold_high"):
+        sides = {"entropy": ("threshold_low", "threshold_high"), "mi": ("threshold_low",)}
+        for key in sides.get(metric.split(".")[0], ("threshold_high",)):  # only the side(s) that alarm
             ax.plot(t, [r[key] for r in mine], lw=0.8, ls="--", color="grey")
         alarm = [(ti, r["value"]) for ti, r in zip(t, mine, strict=True) if r["alarm"]]
         if alarm:
