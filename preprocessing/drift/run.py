@@ -270,6 +270,7 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
             _write_reference(tables, ref, ops, cfg.sha256,
                              (int(samples.times[0]), int(samples.times[cfg.reference - 1])))
         detector = Detector(cfg, ref)
+        reference_end = (int(samples.times[cfg.reference - 1]), samples.ids[cfg.reference - 1])
         new = samples.slice(cfg.reference, len(samples))
         consumed_before = cfg.reference
         summary.status = (f"reference fitted on samples 1..{cfg.reference}" if book_dt is None or rebuild
@@ -304,6 +305,7 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         new = samples.slice(start, len(samples))
         detector = Detector(cfg, ref, state["detector"], tail)
         consumed_before = int(state["consumed"])
+        reference_end = cursor
         summary.status = "continued from the last drift commit"
 
     if max_samples is not None:
@@ -320,10 +322,10 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     if not len(new) and not rebuild:
         summary.status += "; nothing new"
         return summary
-    last = (int(new.times[-1]), new.ids[-1]) if len(new) else None
+    last = (int(new.times[-1]), new.ids[-1]) if len(new) else reference_end
     new_state = {"codebook_sha256": ref.sha256, "config_sha256": cfg.sha256, "config": cfg.__dict__,
                  "operators": {m: op_pins.get(m) for m in ref.codebooks},
-                 "consumed": consumed_before + len(new), "cursor": list(last) if last else None,
+                 "consumed": consumed_before + len(new), "cursor": list(last),
                  "detector": detector.state()}
     for r in rows:
         r["first_sample"] += cfg.reference  # counted from the stream's first sample
@@ -335,7 +337,8 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     summary.window_rows = rows
     summary.skipped_metrics = sum(1 for r in rows if r["status"] == "skipped")
     summary.alarms_raised = [{"metric": r["metric"], "window_start": r["window_start"], "window_end": r["window_end"],
-                              "value": r["value"], "threshold": r["threshold"]} for r in rows if r["event"] == "raised"]
+                              "value": float(r["value"]), "threshold": float(r["threshold"])}
+                             for r in rows if r["event"] == "raised"]
     summary.alarms_up = sorted(name for name, e in detector.ewma.items() if e.alarm)
     return summary
 

@@ -138,3 +138,15 @@ def test_too_few_embeddings_of_a_modality_leave_it_unmonitored() -> None:
     ref = Reference.fit(s.slice(0, CFG.reference), CFG)
     assert "audio" not in ref.codebooks and "not monitored" in ref.skipped["audio"]
     assert not any(m.endswith("audio") for m in ref.metrics())
+
+
+def test_a_rebuild_with_only_the_reference_then_new_samples_continues(tmp_path) -> None:
+    lake = str(tmp_path)
+    settings = DriftSettings(reference=512, warmup=16)
+    s = stream("null", 1000, seed=10)
+    write_features(lake, "st", s.slice(0, 512), OPS)
+    empty = run_drift(lake, "st", settings, ops=OPS, rebuild=True)
+    assert empty.samples == 0 and empty.rows == 0
+    write_features(lake, "st", s.slice(512, 1000), OPS)
+    more = run_drift(lake, "st", settings, ops=OPS)
+    assert more.samples == 1000 - 512 and more.windows == (1000 - 512 - 128) // 16 + 1
