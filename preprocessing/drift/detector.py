@@ -103,7 +103,7 @@ class Samples:
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty(modalities)
-        if len(parts) == 1:
+        if len(parts) == 1 and all(m in parts[0].embeddings for m in modalities):
             return parts[0]
         emb, status = {}, {}
         for m in modalities:
