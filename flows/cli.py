@@ -248,6 +248,7 @@ def _drift_line(result: dict[str, Any]) -> str:
     from preprocessing.drift.run import DriftSummary
 
     trained = result.pop("encoder_trained", None)
+    result.pop("plot", None)
     line = DriftSummary(**result).line()
     return line + (" (embeddings from UNTRAINED seeded encoders)" if trained is False else "")
 
@@ -487,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the whole pipeline on generated data with the embedded broker")
     p.add_argument("--lake", default="./lake")
-    p.add_argument("--samples", type=_positive_int, default=240)
+    p.add_argument("--samples", type=_positive_int, default=1000)
     p.set_defaults(func=cmd_demo)
     return parser
 

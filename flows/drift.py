@@ -107,7 +107,21 @@ def drift_stream(stream: str, lake: str | None = None, rebuild: bool = False, ma
                              markdown=markdown(summary, png, trained), description=summary.line())
     out = summary.as_dict()
     out["encoder_trained"] = trained
+    out["plot"] = _save_plot(ingest_settings.lake, stream, png)
     return out
+
+
+def _save_plot(lake: str, stream: str, png: bytes | None) -> str | None:
+    """On a local lake, the plot also goes to ``<lake>/_plots/drift-<stream>.png``; its path, or None."""
+    from pathlib import Path
+
+    if png is None or ("://" in lake and not lake.startswith("file://")):
+        return None
+    folder = Path(lake.removeprefix("file://")) / "_plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"drift-{stream}.png"
+    path.write_bytes(png)
+    return str(path)
 
 
 def _recent_rows(tables: Any, windows: int = 600) -> list[dict[str, Any]]:
