@@ -1,12 +1,13 @@
 """``mmlake demo``: the pipeline on generated data, with the embedded broker and no configuration.
 
-A generated multimodal data set (images with captions, audio clips, event times over three hours)
-plus a few re-sent, late and malformed records goes through the embedded broker into the lake; a
-second run shows that nothing is written twice. The raw rows then go through the ONNX operators into
-the features table (seeded, untrained CLIP towers unless MMLAKE_PREPROCESS_CLIP_WEIGHTS is set), and a
-backfill of one hour, run twice, shows that a rerun changes nothing. A second stream, ``demo-pairs``,
-whose captions stop matching their images part-way through (a pairing shuffle), goes the same way and
-then through drift detection, which raises its alarm on the image-text mutual information.
+A generated multimodal data set (images with captions, audio clips, event times over three hours;
+from half-way on, captions describe other samples' images: a pairing shuffle) plus a few re-sent, late
+and malformed records goes through the embedded broker into the lake; a second ingest run shows that
+nothing is written twice. The raw rows go through the ONNX operators into the features table (seeded,
+untrained CLIP towers unless MMLAKE_PREPROCESS_CLIP_WEIGHTS is set); a backfill of one hour, run twice,
+shows that a rerun changes nothing; drift detection raises its alarm on the image-text mutual
+information; an inference server stores KV caches in SafeCache and looks them up, and the cache
+warm-up flow sees the drift alarm and invalidates the stream's entries. A summary table ends it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 #: Bad records the demo sends, one per dead-letter reason.
 _MALFORMED: list[tuple[str, bytes, list[tuple[str, bytes]]]] = [
@@ -36,7 +38,7 @@ def _progress(label: str, done: int, total: int) -> None:
     sys.stdout.flush()
 
 
-def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> int:
+def run_demo(lake: str = "./lake", samples: int = 1000, stream: str = "demo") -> int:
     """Run the demo and print its summary; returns the process exit code."""
     from deltalake import DeltaTable
 
@@ -44,18 +46,18 @@ def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> 
     from ingest import EmbeddedBroker, MultimodalProducer, ensure_topic, synth
     from ingest.tables import table_uri
 
-    for name in (stream, PAIRS_TOPIC):
+    for name in (stream, "demo-pairs"):  # demo-pairs: the drift stream of earlier demo versions
         stream_dir = Path(table_uri(lake, name, "raw")).parent
         if stream_dir.exists():
             print(f"removing the previous demo stream at {stream_dir}")
             shutil.rmtree(stream_dir)
-    start_ms = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-    span_ms = 3 * 3600 * 1000
+    shuffle_at = samples // 2
     with EmbeddedBroker() as broker:
         print(f"embedded broker up at {broker.bootstrap}")
         topic = "demo"
         ensure_topic(broker.bootstrap, topic, partitions=3)
-        parts = list(synth.samples(samples, start_ms=start_ms, span_ms=span_ms, seed=7))
+        parts = list(synth.samples(samples, start_ms=START_MS, span_ms=SPAN_MS, seed=7,
+                                   shuffle_pairs_after=shuffle_at))
         total = len(parts) + 3 + 3 + len(_MALFORMED)
         sent = 0
         with MultimodalProducer(broker.bootstrap) as producer:
@@ -70,21 +72,15 @@ def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> 
                               sample_id=part.sample_id)
             for i in range(3):  # an hour behind the stream: late
                 producer.send(topic, f"a late caption {i}".encode(), "text",
-                              event_time=start_ms + span_ms - 3600_000 - i, sample_id=f"late-{i}")
+                              event_time=START_MS + SPAN_MS - 3600_000 - i, sample_id=f"late-{i}")
             for i, (_, value, headers) in enumerate(_MALFORMED):
                 producer.send_raw(topic, value, headers, key=f"bad-{i}".encode())
             sent = total
             _progress("produce", total, total)
-            ensure_topic(broker.bootstrap, PAIRS_TOPIC, partitions=1)
-            for part in synth.samples(PAIRS_SAMPLES, start_ms=start_ms, span_ms=3600 * 1000, seed=3,
-                                      shuffle_pairs_after=PAIRS_SHUFFLE_AT):
-                producer.send(PAIRS_TOPIC, part.payload, part.modality, event_time=part.event_time_ms,
-                              sample_id=part.sample_id, content_type=part.content_type)
         t0 = time.monotonic()
         first = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=broker.bootstrap)
         seconds = time.monotonic() - t0
         second = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=broker.bootstrap)
-        ingest_stream(topic=PAIRS_TOPIC, stream=PAIRS_TOPIC, lake=lake, bootstrap=broker.bootstrap)
 
     rows = {}
     for table in ("raw", "late", "dlq"):
@@ -94,20 +90,11 @@ def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> 
     reasons = sorted(set(dlq.column("error_code").to_pylist()))
     print()
     print(f"mmlake demo: {sent} records produced ({samples} samples), ingested in {seconds:.1f}s")
-    print(f"  {'table':<6} {'rows':>6}  location")
-    for table, count in rows.items():
-        print(f"  {table:<6} {count:>6}  {table_uri(lake, stream, table)}")
     print(f"  accepted={first['accepted']} late={first['late']} duplicates={first['duplicates']} "
           f"dead_lettered={first['dead_lettered']} watermark={first['watermark']}")
     print(f"  dead-letter reasons: {', '.join(reasons)}")
     print(f"  second run (exactly-once check): accepted={second['accepted']} late={second['late']} "
           f"dead_lettered={second['dead_lettered']}")
-    from lineage import default_events_path
-
-    events_path = Path(default_events_path(lake))
-    events = len(events_path.read_text().splitlines()) if events_path.exists() else 0
-    print(f"  lineage: {events} OpenLineage events in {events_path}")
-    print(f"           try: mmlake lineage graph --lake {lake} --dataset {stream}/raw")
     from flows.preprocess import backfill_features, preprocess_stream
     from preprocessing.features import PreprocessSummary
 
@@ -120,40 +107,170 @@ def run_demo(lake: str = "./lake", samples: int = 240, stream: str = "demo") -> 
     rerun = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake)
     print(f"  backfill {hour[0]}..{hour[1]}: {forced['rows']} rows recomputed; rerun rewrote {rerun['rows']} "
           f"({rerun['skipped_ranges']} day(s) already up to date)")
-    print(f"           try: mmlake backfill --lake {lake} --stream {stream} --from {hour[0]} --to {hour[1]} --force")
-    drift_ok = _drift(lake, stream)
-    print("  (the cache warm-up joins the demo with the whole-pipeline deployment)")
+    drift = _drift(lake, stream, samples, shuffle_at)
+    cache = _cache(lake, stream, alarm=drift["raised"])
+
+    from lineage import default_events_path
+
+    events_path = Path(default_events_path(lake))
+    events = len(events_path.read_text().splitlines()) if events_path.exists() else 0
+    summary = [
+        ("raw / late / dlq rows", f"{rows['raw']} / {rows['late']} / {rows['dlq']}   ({Path(table_uri(lake, stream, 'raw')).parent})"),
+        ("duplicates / dead-lettered", f"{first['duplicates']} / {first['dead_lettered']} ({', '.join(reasons)})"),
+        ("second ingest run", f"{second['accepted']} new rows (exactly once)"),
+        ("features", f"{features.rows} rows, {features.errors} errors"
+                     + ("" if all(op["trained"] for op in features.operators) else " (UNTRAINED seeded encoders)")),
+        ("backfill rerun", f"{rerun['rows']} rows rewritten ({rerun['skipped_ranges']} day(s) up to date)"),
+        ("drift alarms", drift["alarms"]),
+        ("cache", cache["line"]),
+        ("cache after the drift alarm", cache["after"]),
+        ("lineage", f"{events} OpenLineage events in {events_path}"),
+        ("drift plot", drift["plot"] or "(artifact only: the lake is not a local path)"),
+    ]
+    print()
+    print("summary")
+    width = max(len(k) for k, _ in summary)
+    for key, value in summary:
+        print(f"  {key:<{width}}  {value}")
+    print()
+    print(f"try: mmlake lineage graph --lake {lake} --dataset {stream}/raw")
+    print(f"     mmlake drift --lake {lake} --stream {stream}   (docs/drift.md)")
+    print(f"     mmlake backfill --lake {lake} --stream {stream} --from {hour[0]} --to {hour[1]} --force")
     expected = {"raw": len(parts), "late": 3, "dlq": len(_MALFORMED)}
     ok = rows == expected and second["accepted"] == 0
     ok = ok and features.rows == rows["raw"] and features.errors == 0 and rerun["rows"] == 0 and forced["rows"] > 0
-    return 0 if ok and drift_ok else 1
+    ok = ok and drift["ok"] and cache["ok"]
+    return 0 if ok else 1
 
 
-def _drift(lake: str, stream: str) -> bool:
-    """Drift on both streams: the main one is shorter than a reference; demo-pairs raises its alarm."""
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+SPAN_MS = 3 * 3600 * 1000
+
+
+def _drift_settings(samples: int) -> dict[str, int]:
+    """Windows sized for the demo's stream (the defaults need 1024 reference samples): a quarter of the
+    stream as reference, 64-sample windows every 8, a 16-window warm-up; monitoring starts before half-way."""
+    return {"reference": max(64, samples // 4), "window": 64, "step": 8, "warmup": 16}
+
+
+def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, Any]:
     from flows.cli import _drift_line
     from flows.drift import drift_stream
-    from flows.preprocess import preprocess_stream
+    from preprocessing.drift.report import _iso
 
-    short = drift_stream(stream=stream, lake=lake)
-    print(f"  drift on {stream}: {short['status']}")
+    config = _drift_settings(samples)
     t0 = time.monotonic()
-    preprocess_stream(stream=PAIRS_TOPIC, lake=lake)
-    result = drift_stream(stream=PAIRS_TOPIC, lake=lake, reference=PAIRS_DRIFT["reference"],
-                          window=PAIRS_DRIFT["window"], step=PAIRS_DRIFT["step"], warmup=PAIRS_DRIFT["warmup"])
-    raised = [a for a in result["alarms_raised"] if a["metric"] == "mi.image-text"]
-    print(f"  drift on {PAIRS_TOPIC} ({PAIRS_SAMPLES} samples, captions shuffled from sample {PAIRS_SHUFFLE_AT} on; "
-          f"small windows: {', '.join(f'{k}={v}' for k, v in PAIRS_DRIFT.items())}; {time.monotonic() - t0:.1f}s):")
+    result = drift_stream(stream=stream, lake=lake, reference=config["reference"], window=config["window"],
+                          step=config["step"], warmup=config["warmup"])
+    print(f"  drift ({', '.join(f'{k}={v}' for k, v in config.items())}; {time.monotonic() - t0:.1f}s):")
     print(f"    {_drift_line(dict(result))}")
-    if raised:
-        from preprocessing.drift.report import _iso
+    raised = result["alarms_raised"]
+    shuffle_us = START_MS * 1000 + shuffle_at * SPAN_MS * 1000 // samples
+    first: dict[str, dict[str, Any]] = {}
+    for a in raised:
+        first.setdefault(a["metric"], a)
+    def hms(us: int) -> str:
+        return _iso(us)[11:19]
 
-        print(f"    image-text mutual information alarm raised by the window ending {_iso(raised[0]['window_end'])} "
-              f"(the shuffle began at {_iso(1_767_225_600_000_000 + PAIRS_SHUFFLE_AT * 3600 * 10**6 // PAIRS_SAMPLES)})")
-    print(f"           try: mmlake drift --lake {lake} --stream {PAIRS_TOPIC}   (docs/drift.md)")
-    return bool(raised) and "collecting the reference" in short["status"]
+    alarms = "; ".join(f"{m} (window {hms(a['window_start'])}-{hms(a['window_end'])})"
+                       for m, a in sorted(first.items(), key=lambda kv: kv[1]["window_end"])) or "none"
+    alarms += f"   [captions shuffled from {hms(shuffle_us)} on]"
+    # Monitoring starts after the reference, one window and the warm-up; a stream too short to monitor
+    # anything before the shuffle cannot be asked to alarm on it.
+    monitored_from = config["reference"] + config["window"] + config["warmup"] * config["step"]
+    ok = "mi.image-text" in first if monitored_from < shuffle_at else True
+    ok = ok and all(a["window_end"] >= shuffle_us for a in raised)
+    return {"ok": ok, "alarms": alarms, "plot": result.get("plot"), "raised": bool(raised)}
 
 
-PAIRS_TOPIC = "demo-pairs"
-PAIRS_SAMPLES, PAIRS_SHUFFLE_AT = 720, 520
-PAIRS_DRIFT = {"reference": 256, "window": 64, "step": 8, "warmup": 16}
+def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
+    """An inference server's view: KV caches stored under image embeddings of the stream, looked up
+    again (exactly, slightly perturbed, another sample's image, a random vector); then the cache
+    warm-up flow, which sees the drift alarm and drops the stream's entries."""
+    import threading
+
+    import numpy as np
+    import pyarrow.compute as pc
+    import torch
+    import uvicorn
+
+    from cache import CacheSettings, Hit, SafeCache, SafeCacheClient
+    from cache.server import create_app
+    from flows.cache import cache_warmup
+    from ingest.broker import free_port
+    from ingest.tables import StreamTables
+
+    features = StreamTables(lake, stream).open("features")
+    assert features is not None, "the demo computed features before the cache stage"
+    table = features.to_pyarrow_dataset().to_table(columns=["modality", "event_time", "embedding", "error_code"])
+    table = table.filter(pc.and_(pc.equal(table.column("modality"), "image"), pc.is_null(table.column("error_code"))))
+    table = table.sort_by("event_time")
+    embeddings = np.asarray(table.column("embedding").to_pylist()[:16], dtype=np.float32)
+    token, model = "demo-token", "tiny-lm"
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(SafeCache(CacheSettings()), {token: "demo"}),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="safecache", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    gen = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
+    strict = 0.97  # untrained encoders put unrelated images close together: ask for close matches only
+    try:
+        with SafeCacheClient(url, token) as client:
+            stored = {client.put(model, e, {"layer0.k": torch.randn(1, 4, 16, 32, generator=gen),
+                                            "layer0.v": torch.randn(1, 4, 16, 32, generator=gen)},
+                                 source=stream)["id"] for e in embeddings[:12]}
+            queries = [("exact", e) for e in embeddings[:4]]
+            queries += [("perturbed", _near(e, 0.99, rng)) for e in embeddings[4:8]]
+            queries += [("other image", e) for e in embeddings[12:16]]
+            queries += [("random", np.asarray(rng.standard_normal(embeddings.shape[1]), dtype=np.float32))
+                        for _ in range(2)]
+            results = [(kind, client.lookup(model, q, min_similarity=strict)) for kind, q in queries]
+            hits = [(k, r.similarity) for k, r in results if isinstance(r, Hit)]
+            misses = [(k, r.best_similarity) for k, r in results if not isinstance(r, Hit)]
+            print(f"  cache: {len(stored)} KV entries stored under image embeddings; "
+                  f"{len(queries)} lookups at min_similarity {strict}:")
+            for kind, r in results:
+                if isinstance(r, Hit):
+                    what = f"hit, similarity {r.similarity:.4f}"
+                elif r.best_similarity is None:
+                    what = "miss (no candidate in its LSH buckets)"
+                else:
+                    what = f"miss, best similarity {r.best_similarity:.4f}"
+                print(f"    {kind:<11} {what}")
+            print("    (untrained encoders embed images of one colour and shape almost alike, so 'other image' "
+                  "queries of an already stored kind hit)")
+            warm = cache_warmup(stream=stream, lake=lake, cache_url=url, token=token)
+            after = client.lookup(model, embeddings[0], min_similarity=strict)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    print(f"  cache warm-up: {warm['keyed']} feature rows keyed; drift alarm seen: {warm['drift_alarm']}; "
+          f"{warm['invalidated']} entries of {stream} invalidated; the first lookup again: "
+          f"{'hit' if isinstance(after, Hit) else 'miss'}")
+    sims = [s for _, s in hits]
+    line = (f"{len(hits)} hits (similarity {min(sims):.4f}..{max(sims):.4f}), {len(misses)} misses "
+            f"of {len(queries)} lookups" if sims else f"0 hits, {len(misses)} misses")
+    ok = (all(isinstance(r, Hit) for k, r in results if k in ("exact", "perturbed"))
+          and not any(isinstance(r, Hit) for k, r in results if k == "random"))
+    if alarm:  # the warm-up must see the drift alarm and drop every entry of the stream
+        ok = ok and warm["drift_alarm"] and warm["invalidated"] == len(stored) and not isinstance(after, Hit)
+    else:
+        ok = ok and not warm["drift_alarm"] and warm["invalidated"] == 0 and isinstance(after, Hit)
+    return {"ok": ok, "line": line, "after": f"{warm['invalidated']} entries invalidated; a repeated lookup misses"
+            if not isinstance(after, Hit) else "entries still served (no drift alarm)"}
+
+
+def _near(e: Any, cosine: float, rng: Any) -> Any:
+    """A vector at the given cosine from ``e``."""
+    import numpy as np
+
+    u = e / np.linalg.norm(e)
+    noise = rng.standard_normal(u.shape)
+    noise -= (noise @ u) * u
+    noise /= np.linalg.norm(noise)
+    return (cosine * u + np.sqrt(1 - cosine ** 2) * noise).astype(np.float32)

@@ -75,3 +75,16 @@ def every_lineage_event_validates(tmp_path: Any) -> Iterator[None]:
         for line in log.read_text().splitlines():
             if line.strip():
                 validate_event(json.loads(line))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def operator_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """MMLAKE_PREPROCESS_CACHE_DIR for the session (a fresh machine starts with an empty cache too)."""
+    path = str(tmp_path_factory.mktemp("operator-cache"))
+    previous = os.environ.get("MMLAKE_PREPROCESS_CACHE_DIR")
+    os.environ["MMLAKE_PREPROCESS_CACHE_DIR"] = path
+    yield path
+    if previous is None:
+        os.environ.pop("MMLAKE_PREPROCESS_CACHE_DIR", None)
+    else:
+        os.environ["MMLAKE_PREPROCESS_CACHE_DIR"] = previous
