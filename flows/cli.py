@@ -263,7 +263,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     if tables.open("features") is None:  # before a flow run starts (and its API server with it)
         raise InputError(f"stream {args.stream!r} has no features table at {tables.uri('features')} "
                          "(run `mmlake preprocess` first)")
-    result = drift_stream(stream=args.stream, lake=_settings(args).lake, rebuild=args.rebuild,
+    result = drift_stream(stream=args.stream, lake=settings.lake, rebuild=args.rebuild,
                           max_samples=args.max_samples, window=args.window, step=args.step,
                           reference=args.reference)
     print(_drift_line(result))
