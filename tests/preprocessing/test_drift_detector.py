@@ -131,6 +131,11 @@ def test_run_over_the_features_table_is_incremental_and_exactly_once(tmp_path) -
     rebuilt = run_drift(lake, "st", settings.with_overrides(k=5.0), ops=OPS, rebuild=True)
     assert rebuilt.samples == 2000 - 512
     assert DeltaTable(f"{lake}/st/drift").to_pyarrow_table().num_rows == rebuilt.rows
+    # Rebuilding again over the same features gives the same rows: no new version.
+    version = DeltaTable(f"{lake}/st/drift").version()
+    again = run_drift(lake, "st", settings.with_overrides(k=5.0), ops=OPS, rebuild=True)
+    assert again.rows == 0 and "identical" in again.status
+    assert DeltaTable(f"{lake}/st/drift").version() == version
 
 
 def test_too_few_embeddings_of_a_modality_leave_it_unmonitored() -> None:
