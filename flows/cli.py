@@ -271,15 +271,13 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from ingest.reader import to_epoch_us
-    from ingest.errors import InputError
-    from flows.preprocess import PROGRESS, backfill_features
-    from preprocessing.features import PreprocessSummary
+    from flows.backfill import backfill, check_range, parse_stages
+    from flows.preprocess import PROGRESS
 
-    lo, hi = to_epoch_us(args.start), to_epoch_us(args.end)
-    if lo is None or hi is None or hi <= lo:
-        raise InputError(f"--from must be before --to (got {args.start} .. {args.end})")
-    _precheck(args, [args.operator] if args.operator else [])
+    check_range(args.start, args.end)
+    stages = parse_stages(args.stages)
+    if "preprocess" in stages:
+        _precheck(args, [args.operator] if args.operator else [])
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(TextColumn(f"backfill {args.stream} {args.start}..{args.end}"), BarColumn(), MofNCompleteColumn(),
@@ -288,16 +286,20 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         job = bar.add_task("rows", total=None)
         PROGRESS.append(lambda done, total: bar.update(job, completed=done, total=total))
         try:
-            result = backfill_features(stream=args.stream, start=args.start, end=args.end, operator=args.operator,
-                                       force=args.force, **_preprocess_overrides(args))
+            result = backfill(stream=args.stream, start=args.start, end=args.end, stages=",".join(stages),
+                              operator=args.operator, force=args.force, **_preprocess_overrides(args))
         finally:
             PROGRESS.clear()
-    summary = PreprocessSummary(**result)
-    if summary.skipped_ranges and not summary.rows:
-        print(f"{args.stream}: {args.start}..{args.end} is already up to date ({summary.skipped_ranges} days "
-              "checked, nothing rewritten)")
-    else:
-        print(summary.line())
+    if "preprocess" in stages:
+        if result["days"] and result["skipped_days"] == len(result["days"]):
+            print(f"{args.stream}: {args.start}..{args.end} is already up to date ({result['skipped_days']} days "
+                  "checked, nothing rewritten)")
+        else:
+            print(f"{args.stream}: {result['rows']} feature rows rewritten over {len(result['days'])} day(s) "
+                  f"({result['skipped_days']} already up to date)")
+    drift = result.get("drift")
+    if drift is not None:
+        print(_drift_line(dict(drift)) if "samples" in drift else f"{args.stream}: drift: {drift['status']}")
     return 0
 
 
@@ -462,12 +464,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", type=_positive_int, help="samples in the reference window (default 1024)")
     p.set_defaults(func=cmd_drift)
 
-    p = sub.add_parser("backfill", help="recompute the features of an event-time range")
+    p = sub.add_parser("backfill", help="re-run an event-time range through the stages (features, then drift)")
     p.add_argument("--stream", required=True)
     p.add_argument("--from", dest="start", required=True, help="first event time (RFC 3339 or epoch ms), inclusive")
     p.add_argument("--to", dest="end", required=True, help="last event time, exclusive")
     p.add_argument("--operator", metavar="NAME@VERSION", help="only this operator's modality, with this operator")
     p.add_argument("--force", action="store_true", help="rewrite even a range that is already up to date")
+    p.add_argument("--stages", default="preprocess,drift",
+                   help="what to re-run for the range, in order: preprocess, drift (default both; drift is "
+                        "rescored only when the range's features changed)")
     p.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
     lake(p)
     runtime(p)

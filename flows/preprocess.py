@@ -71,7 +71,7 @@ def features_task(stream: str, ingest_settings: IngestSettings, settings: Prepro
     logger = get_run_logger()
     emitter = LineageEmitter(ingest_settings.lake)
     job = f"{lineage_parent[0]}.compute-features" if lineage_parent else f"preprocess-stream.{stream}.task"
-    run_id = str(task_run.id)
+    run_id = str(task_run.id) if backfill is None else _static_id(job, backfill[0], backfill[1])
     inputs, outputs = _lineage(ingest_settings, stream)
     emitter.emit("START", job, run_id, job_type="TASK", parent=lineage_parent, inputs=inputs())
     options = dict(ingest_settings.storage_options)
@@ -99,6 +99,19 @@ def features_task(stream: str, ingest_settings: IngestSettings, settings: Prepro
     return summary
 
 
+def _static_id(job: str, start: str, end: str) -> str:
+    """The lineage run id of a backfill of [start, end): the same for every rerun of the same range."""
+    from datetime import UTC, datetime
+
+    from ingest.reader import to_epoch_us
+    from lineage import static_run_id
+
+    lo, hi = to_epoch_us(start), to_epoch_us(end)
+    if lo is None or hi is None:
+        raise ValueError(f"a backfill range needs both bounds (got {start} .. {end})")
+    return static_run_id(job, datetime.fromtimestamp(lo / 1e6, UTC), datetime.fromtimestamp(hi / 1e6, UTC))
+
+
 def _settings(lake: str | None, clip_weights: str | None, provider: str | None, threads: int | None,
               batch_size: int | None) -> tuple[IngestSettings, PreprocessSettings]:
     return (IngestSettings().with_overrides(lake=lake),
@@ -112,7 +125,7 @@ def _run(job: str, stream: str, ingest_settings: IngestSettings, settings: Prepr
     from prefect.runtime import flow_run
 
     emitter = LineageEmitter(ingest_settings.lake)
-    run_id = str(flow_run.id)
+    run_id = str(flow_run.id) if backfill is None else _static_id(job, backfill[0], backfill[1])
     inputs, outputs = _lineage(ingest_settings, stream)
     emitter.emit("START", job, run_id, inputs=inputs())
     try:

@@ -84,10 +84,12 @@ def test_prefect_yaml_points_at_the_flow() -> None:
     from prefect.flows import load_flow_from_entrypoint
 
     spec = yaml.safe_load((Path(__file__).parents[2] / "flows" / "prefect.yaml").read_text())
-    names = {"flows.ingest.ingest_stream": "ingest-stream", "flows.drift.drift_stream": "drift-stream"}
+    names = {"flows.ingest.ingest_stream": "ingest-stream", "flows.drift.drift_stream": "drift-stream",
+             "flows.backfill.backfill": "backfill"}
     assert {d["entrypoint"] for d in spec["deployments"]} == set(names)
     for deployment in spec["deployments"]:
         flow = load_flow_from_entrypoint(deployment["entrypoint"])  # as a Prefect worker loads it
         assert flow.name == names[deployment["entrypoint"]]
-        assert deployment["schedules"][0]["interval"] > 0
+        if "schedules" in deployment:  # the backfill deployment runs on demand, with parameters
+            assert deployment["schedules"][0]["interval"] > 0
         assert set(deployment["parameters"]) <= set(flow.parameters.properties)
