@@ -7,10 +7,16 @@ import argparse
 import os
 import signal
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
 from mmlake.errors import MmlakeError
+
+
+def _non_negative_int(text: str) -> int:
+    value = _positive_int(text) if text.strip() != "0" else 0
+    return value
 
 
 def _partitions(text: str) -> list[int]:
@@ -162,12 +168,17 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from flows.deployments import serve_ingest
+    from flows.deployments import parse_pipeline_stages, serve_pipeline
 
     settings = _settings(args)
-    serve_ingest(
-        topic=args.topic, stream=args.stream, lake=settings.lake,
-        bootstrap=settings.kafka_bootstrap, interval_s=args.interval,
+    stages = ",".join(parse_pipeline_stages(args.stages))
+    token = None
+    if args.cache_token_file:
+        token = Path(args.cache_token_file).read_text().strip()
+    serve_pipeline(
+        topic=args.topic, stream=args.stream, lake=settings.lake, bootstrap=settings.kafka_bootstrap,
+        partitions=args.partitions, stages=stages, interval_s=args.interval,
+        cache_interval_s=args.cache_interval, cache_url=args.cache_url, token=token,
     )
     return 0
 
@@ -406,10 +417,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive_int, default=20)
     p.set_defaults(func=cmd_read)
 
-    p = sub.add_parser("serve", help="serve the ingest flow as a Prefect deployment on an interval")
+    p = sub.add_parser("serve", help="serve the stream's flows on their schedules (pipeline, cache warm-up)")
     p.add_argument("--topic", required=True)
     p.add_argument("--stream", required=True)
-    p.add_argument("--interval", type=_positive_int, default=60, metavar="SECONDS")
+    p.add_argument("--interval", type=_positive_int, default=60, metavar="SECONDS",
+                   help="the pipeline (ingest, then preprocess, then drift) every SECONDS (default 60)")
+    p.add_argument("--stages", default="ingest,preprocess,drift",
+                   help="the pipeline's stages (default all three; 'ingest' serves ingest alone)")
+    p.add_argument("--partitions", type=_partitions,
+                   help="only these Kafka partitions, e.g. 0,2: several serve processes can split a topic")
+    p.add_argument("--cache-interval", type=_non_negative_int, default=300, metavar="SECONDS",
+                   help="the cache warm-up every SECONDS (default 300; 0: not served)")
+    p.add_argument("--cache-url", help="the SafeCache server whose entries a drift alarm invalidates")
+    p.add_argument("--cache-token-file", help="a file holding the bearer token for --cache-url")
     lake(p)
     kafka(p)
     p.set_defaults(func=cmd_serve)

@@ -47,6 +47,83 @@ def ingest_deployment(
     )
 
 
+PIPELINE_STAGES = ("ingest", "preprocess", "drift")
+
+
+def parse_pipeline_stages(stages: str | list[str] | None) -> list[str]:
+    """The pipeline's stages in their order; an unknown one is an :class:`InputError`. (Here, not in
+    flows.pipeline: the CLI checks stages before Prefect is imported and its API chosen.)"""
+    from ingest.errors import InputError
+
+    items = stages.split(",") if isinstance(stages, str) else list(stages or PIPELINE_STAGES)
+    chosen = [s.strip() for s in items if s.strip()]
+    unknown = sorted(set(chosen) - set(PIPELINE_STAGES))
+    if unknown or not chosen:
+        raise InputError(f"unknown pipeline stage(s) {', '.join(unknown) or '(none given)'}: "
+                         f"choose from {', '.join(PIPELINE_STAGES)}")
+    return [s for s in PIPELINE_STAGES if s in chosen]
+
+
+def pipeline_deployment(topic: str, stream: str, *, lake: str | None = None, bootstrap: str | None = None,
+                        partitions: list[int] | None = None, stages: str = "ingest,preprocess,drift",
+                        interval_s: int = 60) -> Any:
+    """The stream's pipeline (ingest, then preprocess, then drift) every ``interval_s`` seconds, one run
+    at a time (a slow run is never doubled: the next one waits)."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.pipeline import stream_pipeline
+
+    suffix = "" if partitions is None else "-p" + "-".join(str(p) for p in sorted(partitions))
+    return stream_pipeline.to_deployment(
+        name=f"pipeline-{stream}{suffix}",
+        interval=timedelta(seconds=interval_s),
+        parameters={"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap,
+                    "partitions": partitions, "stages": stages},
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
+        tags=["mmlake", "pipeline"],
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        description=f"Kafka topic {topic} -> {stream}: {stages}, every {interval_s}s.",
+    )
+
+
+def cache_warmup_deployment(stream: str, *, lake: str | None = None, interval_s: int = 300,
+                            cache_url: str | None = None, token: str | None = None) -> Any:
+    """The cache warm-up of ``stream`` every ``interval_s`` seconds, one run at a time."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.cache import cache_warmup
+
+    return cache_warmup.to_deployment(
+        name=f"cache-warmup-{stream}",
+        interval=timedelta(seconds=interval_s),
+        parameters={"stream": stream, "lake": lake, "cache_url": cache_url, "token": token},
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
+        tags=["mmlake", "cache"],
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        description=f"LSH keys for {stream}'s new features; drop its cache entries on a drift alarm; every {interval_s}s.",
+    )
+
+
+def serve_pipeline(topic: str, stream: str, *, lake: str | None = None, bootstrap: str | None = None,
+                   partitions: list[int] | None = None, stages: str = "ingest,preprocess,drift",
+                   interval_s: int = 60, cache_interval_s: int = 300, cache_url: str | None = None,
+                   token: str | None = None) -> None:
+    """Serve every flow of the stream in this process until interrupted: the pipeline (ingest, then
+    preprocess, then drift) every ``interval_s`` and the cache warm-up every ``cache_interval_s``
+    (0: not served). Needs a Prefect server with its scheduler, as :func:`serve_ingest`."""
+    with local_prefect_server():  # before the deployments are built: building one may talk to the API
+        from prefect import serve
+
+        deployments = [pipeline_deployment(topic, stream, lake=lake, bootstrap=bootstrap, partitions=partitions,
+                                           stages=stages, interval_s=interval_s)]
+        if cache_interval_s:
+            deployments.append(cache_warmup_deployment(stream, lake=lake, interval_s=cache_interval_s,
+                                                       cache_url=cache_url, token=token))
+        serve(*deployments)
+
+
 def serve_ingest(topic: str, stream: str, **kwargs: Any) -> None:
     """Serve the ingest deployment in this process until interrupted.
 

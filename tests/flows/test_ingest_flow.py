@@ -84,7 +84,7 @@ def test_prefect_yaml_points_at_the_flow() -> None:
     from prefect.flows import load_flow_from_entrypoint
 
     spec = yaml.safe_load((Path(__file__).parents[2] / "flows" / "prefect.yaml").read_text())
-    names = {"flows.ingest.ingest_stream": "ingest-stream", "flows.drift.drift_stream": "drift-stream",
+    names = {"flows.pipeline.stream_pipeline": "stream-pipeline", "flows.cache.cache_warmup": "cache-warmup",
              "flows.backfill.backfill": "backfill"}
     assert {d["entrypoint"] for d in spec["deployments"]} == set(names)
     for deployment in spec["deployments"]:
@@ -93,3 +93,19 @@ def test_prefect_yaml_points_at_the_flow() -> None:
         if "schedules" in deployment:  # the backfill deployment runs on demand, with parameters
             assert deployment["schedules"][0]["interval"] > 0
         assert set(deployment["parameters"]) <= set(flow.parameters.properties)
+
+
+def test_pipeline_and_cache_deployments_run_one_at_a_time() -> None:
+    from flows.deployments import cache_warmup_deployment, parse_pipeline_stages, pipeline_deployment
+    from ingest.errors import InputError
+
+    pipe = pipeline_deployment("t", "s", partitions=[0, 2], interval_s=30)
+    assert pipe.name == "pipeline-s-p0-2" and pipe.parameters["partitions"] == [0, 2]
+    assert pipe.parameters["stages"] == "ingest,preprocess,drift"
+    assert pipe.concurrency_limit == 1 or pipe.concurrency_limit.limit == 1
+    warm = cache_warmup_deployment("s", interval_s=120)
+    assert warm.name == "cache-warmup-s"
+    assert warm.concurrency_limit == 1 or warm.concurrency_limit.limit == 1
+    assert parse_pipeline_stages("drift, ingest") == ["ingest", "drift"]
+    with pytest.raises(InputError, match="unknown pipeline stage"):
+        parse_pipeline_stages("ingest,train")
