@@ -157,3 +157,26 @@ def test_broker_that_goes_away_mid_run(tmp_path) -> None:
     offsets = sorted(r["kafka_offset"] for r in rows)
     assert offsets == list(range(len(offsets))) and 10 <= len(offsets) < 50
     assert DeltaTable(f"{settings.lake}/s/raw").transaction_version(offset_app_id("t", 0)) == offsets[-1]
+
+
+RUN_PARTITIONS = (
+    "import sys; from ingest import IngestSettings, run_ingest; "
+    "s = run_ingest(sys.argv[1], sys.argv[2], IngestSettings(), partitions=[int(p) for p in sys.argv[3].split(',')]); "
+    "print(sorted(s.offsets))"
+)
+
+
+@pytest.mark.slow
+def test_two_workers_split_one_topic_by_partition(producer, new_topic, settings) -> None:
+    """Scale-out: two workers at once, each with its own partitions (as two `mmlake serve --partitions`
+    processes would be), on one stream: exactly once, and each read only its partitions."""
+    topic = new_topic(partitions=4)
+    exp = produce_mixed(producer, topic, partitions=4, per_partition=40)
+    procs = [subprocess.Popen([sys.executable, "-c", RUN_PARTITIONS, topic, "s", parts], env=_env(settings),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for parts in ("0,2", "1,3")]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err
+    assert [out.strip() for out, _ in outputs] == ["[0, 2]", "[1, 3]"]
+    _assert_exactly_once(settings, exp)
