@@ -98,12 +98,22 @@ def run_demo(lake: str = "./lake", samples: int = 1000, stream: str = "demo") ->
     from flows.preprocess import backfill_features, preprocess_stream
     from preprocessing.features import PreprocessSummary
 
+    from flows.preprocess import PROGRESS
+
     t0 = time.monotonic()
-    features = PreprocessSummary(**preprocess_stream(stream=stream, lake=lake))
+    PROGRESS.append(lambda done, total: _progress("features", done, total or rows["raw"]))
+    try:
+        features = PreprocessSummary(**preprocess_stream(stream=stream, lake=lake))
+    finally:
+        PROGRESS.clear()
     print(f"  features ({time.monotonic() - t0:.1f}s, including generating the CLIP towers on first use):")
     print(f"    {features.line()}")
     hour = ("2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z")
-    forced = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake, force=True)
+    PROGRESS.append(lambda done, total: _progress("backfill", done, total))
+    try:
+        forced = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake, force=True)
+    finally:
+        PROGRESS.clear()
     rerun = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake)
     print(f"  backfill {hour[0]}..{hour[1]}: {forced['rows']} rows recomputed; rerun rewrote {rerun['rows']} "
           f"({rerun['skipped_ranges']} day(s) already up to date)")

@@ -21,7 +21,8 @@ from preprocessing.settings import PreprocessSettings
 
 #: Set by the CLI's signal handler: the run stops after its current commit.
 STOP = threading.Event()
-#: Set by the CLI to draw a progress bar: called with (raw rows done, raw rows in the range).
+#: Set by the CLI or the demo to draw a progress bar: called with (rows done, rows in all) for backfills,
+#: (feature rows committed so far, 0) after each commit of an incremental run.
 PROGRESS: list[Callable[[int, int], None]] = []
 
 
@@ -77,9 +78,14 @@ def features_task(stream: str, ingest_settings: IngestSettings, settings: Prepro
     options = dict(ingest_settings.storage_options)
     try:
         if backfill is None:
+            def committed(so_far: PreprocessSummary) -> None:
+                logger.info("%d rows committed so far", so_far.rows)
+                for hook in PROGRESS:
+                    hook(so_far.rows, 0)  # 0: the total is not known ahead in an incremental run
+
             summary = run_preprocess(ingest_settings.lake, stream, settings, storage_options=options,
                                      operators=operators, max_rows=max_rows, run_id=run_id, stop=STOP,
-                                     on_commit=lambda s: logger.info("%d rows committed so far", s.rows))
+                                     on_commit=committed)
         else:
             start, end, operator, force = backfill
 
