@@ -118,7 +118,9 @@ def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift"
             elif "preprocess" in chosen and out["rows"] == 0:
                 out["drift"] = {"status": "features of the range unchanged: drift left alone"}
             else:
-                out["drift"] = drift_stream(stream=stream, lake=settings.lake, rebuild=True)
+                # Rescored with the settings the drift table was scored with (a backfill changes data,
+                # not how drift is measured).
+                out["drift"] = drift_stream(stream=stream, lake=settings.lake, rebuild=True, keep_settings=True)
     except BaseException as err:
         emitter.emit("FAIL", job, run_id, inputs=inputs, error=err)
         raise

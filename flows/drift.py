@@ -58,10 +58,11 @@ def _features_input(tables: Any, summary: Any | None) -> Any:
 
 @task(name="score-drift-windows", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=_is_transient)
 def drift_task(stream: str, ingest_settings: IngestSettings, settings: DriftSettings, rebuild: bool,
-               max_samples: int | None) -> DriftSummary:
+               max_samples: int | None, keep_settings: bool = False) -> DriftSummary:
 
     summary = run_drift(ingest_settings.lake, stream, settings, storage_options=dict(ingest_settings.storage_options),
-                        preprocess=PreprocessSettings(), rebuild=rebuild, max_samples=max_samples)
+                        preprocess=PreprocessSettings(), rebuild=rebuild, max_samples=max_samples,
+                        keep_settings=keep_settings)
     get_run_logger().info(summary.line())
     return summary
 
@@ -79,7 +80,7 @@ def _trained(tables: Any) -> bool | None:
 @flow(name="drift-stream", log_prints=False)
 def drift_stream(stream: str, lake: str | None = None, rebuild: bool = False, max_samples: int | None = None,
                  window: int | None = None, step: int | None = None, reference: int | None = None,
-                 warmup: int | None = None) -> dict[str, Any]:
+                 warmup: int | None = None, keep_settings: bool = False) -> dict[str, Any]:
     """Score the windows ``<lake>/<stream>``'s new features complete; ``rebuild`` starts over (new
     reference, every window rescored). Unset parameters come from ``MMLAKE_...``."""
     from prefect.runtime import flow_run
@@ -94,7 +95,7 @@ def drift_stream(stream: str, lake: str | None = None, rebuild: bool = False, ma
     job, run_id = f"drift-stream.{stream}", str(flow_run.id)
     emitter.emit("START", job, run_id, inputs=[_features_input(tables, None)])
     try:
-        summary = drift_task(stream, ingest_settings, settings, rebuild, max_samples)
+        summary = drift_task(stream, ingest_settings, settings, rebuild, max_samples, keep_settings)
     except BaseException as err:
         emitter.emit("FAIL", job, run_id, inputs=[_features_input(tables, None)], error=err)
         raise

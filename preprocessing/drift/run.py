@@ -235,12 +235,20 @@ def _commit(tables: StreamTables, rows: pa.Table, state: dict[str, Any], seen: i
 def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
               storage_options: dict[str, str] | None = None, preprocess: PreprocessSettings | None = None,
               ops: dict[str, OperatorSpec] | None = None, rebuild: bool = False,
-              max_samples: int | None = None) -> DriftSummary:
+              max_samples: int | None = None, keep_settings: bool = False) -> DriftSummary:
     """Score the windows the stream's new features complete (see the module docstring).
-    ``max_samples`` bounds how many new samples one run takes (the rest wait for the next run)."""
+    ``max_samples`` bounds how many new samples one run takes (the rest wait for the next run).
+    ``keep_settings`` (with ``rebuild``, as a backfill does): rescore with the settings the table was
+    scored with, whatever ``settings`` says."""
+    from preprocessing.drift.detector import DriftConfig
+
     settings = settings or DriftSettings()
     cfg = settings.config()
     tables = StreamTables(lake, stream, dict(storage_options or {}))
+    if keep_settings:
+        pinned = latest_state(tables.open("drift"))
+        if pinned is not None and pinned.get("config"):
+            cfg = DriftConfig(**pinned["config"])
     summary = DriftSummary(stream)
     features = tables.open("features")
     if features is None:

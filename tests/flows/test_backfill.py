@@ -38,7 +38,8 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
     lake = str(tmp_path / "lake")
     write_raw(lake, "s", synth_parts(80, start_ms=T0_MS, span_ms=2 * DAY_MS, seed=4, image_size=32))
     run_preprocess(lake, "s", PreprocessSettings(threads=2))
-    first = run_drift(lake, "s", DriftSettings())
+    # Scored with k = 5, not the environment's default: a backfill must rescore with the table's own settings.
+    first = run_drift(lake, "s", DriftSettings(k=5.0))
     assert first.windows > 0
     tables = StreamTables(lake, "s")
     versions = {t: tables.open(t).version() for t in ("features", "drift")}
