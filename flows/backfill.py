@@ -32,13 +32,9 @@ _US_PER_DAY = 86_400_000_000
 
 
 def parse_stages(stages: str | list[str] | None) -> list[str]:
-    items = stages.split(",") if isinstance(stages, str) else list(stages or STAGES)
-    chosen = [s.strip() for s in items if s.strip()]
-    unknown = sorted(set(chosen) - set(STAGES))
-    if unknown or not chosen:
-        raise InputError(f"unknown backfill stage(s) {', '.join(unknown) or '(none given)'}: "
-                         f"choose from {', '.join(STAGES)}")
-    return [s for s in STAGES if s in chosen]
+    from flows.deployments import parse_stages as parse
+
+    return parse(stages, STAGES, "backfill")
 
 
 def days(lo_us: int, hi_us: int) -> list[tuple[int, int]]:

@@ -50,18 +50,23 @@ def ingest_deployment(
 PIPELINE_STAGES = ("ingest", "preprocess", "drift")
 
 
-def parse_pipeline_stages(stages: str | list[str] | None) -> list[str]:
-    """The pipeline's stages in their order; an unknown one is an :class:`InputError`. (Here, not in
-    flows.pipeline: the CLI checks stages before Prefect is imported and its API chosen.)"""
+def parse_stages(stages: str | list[str] | None, allowed: tuple[str, ...], what: str) -> list[str]:
+    """``stages`` (comma-separated or a list; None: all) in ``allowed``'s order; an unknown one is an
+    :class:`InputError` naming the choices. (Here, not beside the flows: the CLI checks stages before
+    Prefect is imported and its API chosen.)"""
     from ingest.errors import InputError
 
-    items = stages.split(",") if isinstance(stages, str) else list(stages or PIPELINE_STAGES)
+    items = stages.split(",") if isinstance(stages, str) else list(stages or allowed)
     chosen = [s.strip() for s in items if s.strip()]
-    unknown = sorted(set(chosen) - set(PIPELINE_STAGES))
+    unknown = sorted(set(chosen) - set(allowed))
     if unknown or not chosen:
-        raise InputError(f"unknown pipeline stage(s) {', '.join(unknown) or '(none given)'}: "
-                         f"choose from {', '.join(PIPELINE_STAGES)}")
-    return [s for s in PIPELINE_STAGES if s in chosen]
+        raise InputError(f"unknown {what} stage(s) {', '.join(unknown) or '(none given)'}: "
+                         f"choose from {', '.join(allowed)}")
+    return [s for s in allowed if s in chosen]
+
+
+def parse_pipeline_stages(stages: str | list[str] | None) -> list[str]:
+    return parse_stages(stages, PIPELINE_STAGES, "pipeline")
 
 
 def pipeline_deployment(topic: str, stream: str, *, lake: str | None = None, bootstrap: str | None = None,

@@ -8,7 +8,8 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from ingest import CommitConflictError, IngestSettings
+from flows.preprocess import _is_transient
+from ingest import IngestSettings
 from lineage import LineageEmitter
 from lineage.datasets import delta_input, delta_output
 from preprocessing.drift.run import DriftSummary, run_drift
@@ -16,16 +17,6 @@ from preprocessing.settings import DriftSettings, PreprocessSettings
 
 #: The most windows one lineage event lists (alarms first, then each metric's last window).
 FACET_WINDOWS = 200
-
-
-def _is_transient(task: Any, task_run: Any, state: Any) -> bool:
-    try:
-        state.result()
-    except CommitConflictError:
-        return True
-    except Exception:
-        return False
-    return False
 
 
 def drift_facets(summary: Any) -> dict[str, Any]:
