@@ -113,7 +113,7 @@ def _save_plot(lake: str, stream: str, png: bytes | None) -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"drift-{stream}.png"
     path.write_bytes(png)
-    return str(path)
+    return str(path.resolve())
 
 
 def _recent_rows(tables: Any, windows: int = 600) -> list[dict[str, Any]]:
