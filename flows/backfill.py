@@ -16,15 +16,15 @@ job and range give the same run id (``lineage.static_run_id``), so a rerun is re
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from ingest import IngestSettings
+from ingest.engine import format_us
 from ingest.errors import InputError
-from lineage import LineageEmitter, static_run_id
+from lineage import LineageEmitter
 from lineage.datasets import delta_input, delta_output
 
 STAGES = ("preprocess", "drift")
@@ -48,10 +48,6 @@ def days(lo_us: int, hi_us: int) -> list[tuple[int, int]]:
     return out
 
 
-def _iso(us: int) -> str:
-    return datetime.fromtimestamp(us / 1e6, UTC).isoformat().replace("+00:00", "Z")
-
-
 def check_range(start: str, end: str) -> tuple[int, int]:
     from ingest.reader import to_epoch_us
 
@@ -68,7 +64,7 @@ def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift"
              batch_size: int | None = None) -> dict[str, Any]:
     """Re-run ``start <= event_time < end`` of ``stream`` through ``stages`` (see the module docstring)."""
     from flows.drift import drift_stream
-    from flows.preprocess import PROGRESS, backfill_features
+    from flows.preprocess import PROGRESS, _static_id, backfill_features
     from ingest.tables import StreamTables
 
     logger = get_run_logger()
@@ -77,7 +73,7 @@ def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift"
     settings = IngestSettings().with_overrides(lake=lake)
     tables = StreamTables(settings.lake, stream, dict(settings.storage_options))
     job = f"backfill.{stream}"
-    run_id = static_run_id(job, datetime.fromtimestamp(lo / 1e6, UTC), datetime.fromtimestamp(hi / 1e6, UTC))
+    run_id = _static_id(job, start, end)
     emitter = LineageEmitter(settings.lake)
 
     inputs = [delta_input(tables.uri(n), tables.open(n)) for n in ("raw", "features") if tables.open(n)]
@@ -98,13 +94,13 @@ def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift"
 
                 PROGRESS[:] = [relay]
                 try:
-                    day = backfill_features(stream=stream, start=_iso(d0), end=_iso(d1), lake=settings.lake,
+                    day = backfill_features(stream=stream, start=format_us(d0), end=format_us(d1), lake=settings.lake,
                                             operator=operator, force=force, clip_weights=clip_weights,
                                             provider=provider, threads=threads, batch_size=batch_size)
                 finally:
                     PROGRESS[:] = hooks
                 done_before += seen[0]
-                out["days"].append({"from": _iso(d0), "to": _iso(d1), "rows": day["rows"],
+                out["days"].append({"from": format_us(d0), "to": format_us(d1), "rows": day["rows"],
                                     "up_to_date": bool(day["skipped_ranges"] and not day["rows"])})
                 out["rows"] += day["rows"]
                 out["skipped_days"] += int(bool(day["skipped_ranges"] and not day["rows"]))

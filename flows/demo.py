@@ -166,7 +166,7 @@ def _drift_settings(samples: int) -> dict[str, int]:
 def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, Any]:
     from flows.cli import _drift_line
     from flows.drift import drift_stream
-    from preprocessing.drift.report import _iso
+    from ingest.engine import format_us
 
     config = _drift_settings(samples)
     t0 = time.monotonic()
@@ -180,7 +180,7 @@ def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, A
     for a in raised:
         first.setdefault(a["metric"], a)
     def hms(us: int) -> str:
-        return _iso(us)[11:19]
+        return format_us(us)[11:19]
 
     alarms = "; ".join(f"{m} (window {hms(a['window_start'])}-{hms(a['window_end'])})"
                        for m, a in sorted(first.items(), key=lambda kv: kv[1]["window_end"])) or "none"

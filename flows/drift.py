@@ -21,14 +21,14 @@ FACET_WINDOWS = 200
 
 def drift_facets(summary: Any) -> dict[str, Any]:
     from lineage.facets import MmlakeDriftRunFacet
-    from preprocessing.drift.report import _iso
+    from ingest.engine import format_us
 
     rows = summary.window_rows
     last: dict[str, dict[str, Any]] = {}
     for r in rows:
         last[r["metric"]] = r
     chosen = [r for r in rows if r["event"] == "raised"] + [r for r in last.values() if r["value"] is not None]
-    windows = [{"windowStart": _iso(r["window_start"]), "windowEnd": _iso(r["window_end"]), "metric": r["metric"],
+    windows = [{"windowStart": format_us(r["window_start"]), "windowEnd": format_us(r["window_end"]), "metric": r["metric"],
                 "value": float(r["value"]), "threshold": None if r["threshold"] is None else float(r["threshold"]),
                 "alarm": bool(r["alarm"])} for r in chosen[:FACET_WINDOWS]]
     return {"mmlake_drift": MmlakeDriftRunFacet(windows=windows)}

@@ -8,11 +8,8 @@ import io
 from datetime import UTC, datetime
 from typing import Any
 
+from ingest.engine import format_us
 from preprocessing.drift.run import DriftSummary
-
-
-def _iso(us: int) -> str:
-    return datetime.fromtimestamp(us / 1e6, UTC).isoformat().replace("+00:00", "Z")
 
 
 def plot_png(rows: list[dict[str, Any]], title: str) -> bytes:
@@ -74,7 +71,7 @@ def markdown(summary: DriftSummary, png: bytes | None, trained: bool | None) -> 
     if summary.alarms_raised:
         lines += ["", "| alarm raised | window | value | threshold |", "|---|---|---|---|"]
         for a in summary.alarms_raised[:50]:
-            lines.append(f"| {a['metric']} | {_iso(a['window_start'])} .. {_iso(a['window_end'])} | "
+            lines.append(f"| {a['metric']} | {format_us(a['window_start'])} .. {format_us(a['window_end'])} | "
                          f"{a['value']:.4f} | {a['threshold']:.4f} |")
     if png:
         lines += ["", f"![drift metrics](data:image/png;base64,{base64.b64encode(png).decode()})"]
