@@ -29,21 +29,29 @@ def ingest_deployment(
     One run at a time per deployment (``concurrency_limit=1``, later runs wait): a slow micro-batch
     run is never doubled. Overlap would still be safe (Delta's txn check), only wasted work.
     """
+    from flows.ingest import ingest_stream
+
+    return _scheduled(ingest_stream, f"ingest-{stream}", interval_s,
+                      {"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap}, "ingest",
+                      f"Kafka topic {topic} -> Delta stream {stream}, every {interval_s}s (available-now runs).")
+
+
+def _scheduled(flow: Any, name: str, interval_s: int, parameters: dict[str, Any], tag: str,
+               description: str) -> Any:
+    """``flow`` as a deployment every ``interval_s`` seconds, one run at a time (``concurrency_limit=1``,
+    ENQUEUE: a later run waits, a slow run is never doubled), loaded by module path: loaded as a file,
+    flows/ingest.py would be a module named "ingest" and shadow the ingest package it imports."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.deployments.runner import EntrypointType
 
-    from flows.ingest import ingest_stream
-
-    return ingest_stream.to_deployment(
-        name=f"ingest-{stream}",
+    return flow.to_deployment(
+        name=name,
         interval=timedelta(seconds=interval_s),
-        parameters={"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap},
+        parameters=parameters,
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
-        tags=["mmlake", "ingest"],
-        # By module, not by file: loaded as a file, flows/ingest.py would be a module named "ingest"
-        # and shadow the ingest package it imports.
+        tags=["mmlake", tag],
         entrypoint_type=EntrypointType.MODULE_PATH,
-        description=f"Kafka topic {topic} -> Delta stream {stream}, every {interval_s}s (available-now runs).",
+        description=description,
     )
 
 
@@ -74,41 +82,24 @@ def pipeline_deployment(topic: str, stream: str, *, lake: str | None = None, boo
                         interval_s: int = 60) -> Any:
     """The stream's pipeline (ingest, then preprocess, then drift) every ``interval_s`` seconds, one run
     at a time (a slow run is never doubled: the next one waits)."""
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-    from prefect.deployments.runner import EntrypointType
-
     from flows.pipeline import stream_pipeline
 
     suffix = "" if partitions is None else "-p" + "-".join(str(p) for p in sorted(partitions))
-    return stream_pipeline.to_deployment(
-        name=f"pipeline-{stream}{suffix}",
-        interval=timedelta(seconds=interval_s),
-        parameters={"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap,
-                    "partitions": partitions, "stages": stages},
-        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
-        tags=["mmlake", "pipeline"],
-        entrypoint_type=EntrypointType.MODULE_PATH,
-        description=f"Kafka topic {topic} -> {stream}: {stages}, every {interval_s}s.",
-    )
+    return _scheduled(stream_pipeline, f"pipeline-{stream}{suffix}", interval_s,
+                      {"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap,
+                       "partitions": partitions, "stages": stages}, "pipeline",
+                      f"Kafka topic {topic} -> {stream}: {stages}, every {interval_s}s.")
 
 
 def cache_warmup_deployment(stream: str, *, lake: str | None = None, interval_s: int = 300,
                             cache_url: str | None = None, token: str | None = None) -> Any:
     """The cache warm-up of ``stream`` every ``interval_s`` seconds, one run at a time."""
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-    from prefect.deployments.runner import EntrypointType
-
     from flows.cache import cache_warmup
 
-    return cache_warmup.to_deployment(
-        name=f"cache-warmup-{stream}",
-        interval=timedelta(seconds=interval_s),
-        parameters={"stream": stream, "lake": lake, "cache_url": cache_url, "token": token},
-        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
-        tags=["mmlake", "cache"],
-        entrypoint_type=EntrypointType.MODULE_PATH,
-        description=f"LSH keys for {stream}'s new features; drop its cache entries on a drift alarm; every {interval_s}s.",
-    )
+    return _scheduled(cache_warmup, f"cache-warmup-{stream}", interval_s,
+                      {"stream": stream, "lake": lake, "cache_url": cache_url, "token": token}, "cache",
+                      f"LSH keys for {stream}'s new features; drop its cache entries on a drift alarm; "
+                      f"every {interval_s}s.")
 
 
 def serve_pipeline(topic: str, stream: str, *, lake: str | None = None, bootstrap: str | None = None,
