@@ -88,3 +88,11 @@ def operator_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ.pop("MMLAKE_PREPROCESS_CACHE_DIR", None)
     else:
         os.environ["MMLAKE_PREPROCESS_CACHE_DIR"] = previous
+
+
+@pytest.fixture
+def default_lineage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No OpenLineage configuration from the environment: events go to the lake's file transport."""
+    for key in list(os.environ):
+        if key.startswith("OPENLINEAGE"):
+            monkeypatch.delenv(key)

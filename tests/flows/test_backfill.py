@@ -4,7 +4,6 @@ features changed, and a rerun that changes nothing."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,7 @@ DAY_MS = 86_400_000
 
 
 @pytest.fixture
-def small_drift(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("OPENLINEAGE"):
-            monkeypatch.delenv(key)
+def small_drift(monkeypatch, default_lineage):
     for key, value in {"REFERENCE": "32", "CODES": "4", "WINDOW": "8", "STEP": "4", "WARMUP": "2"}.items():
         monkeypatch.setenv(f"MMLAKE_DRIFT_{key}", value)
 

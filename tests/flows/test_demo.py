@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
 
 @pytest.mark.slow
-def test_small_demo_runs_every_stage_and_prints_true_counts(prefect_harness, tmp_path, monkeypatch, capsys,
-                                                            operator_cache) -> None:
+def test_small_demo_runs_every_stage_and_prints_true_counts(prefect_harness, tmp_path, capsys, operator_cache,
+                                                            default_lineage) -> None:
     from deltalake import DeltaTable
 
     from flows.demo import run_demo
 
-    for key in list(os.environ):
-        if key.startswith("OPENLINEAGE"):
-            monkeypatch.delenv(key)
     lake = str(tmp_path / "lake")
     assert run_demo(lake=lake, samples=120) == 0
     out = capsys.readouterr().out

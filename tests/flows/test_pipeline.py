@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,9 @@ T0_MS = 1_767_225_600_000
 
 @pytest.mark.slow
 def test_pipeline_runs_its_stages_in_order_and_emits_lineage(prefect_harness, producer, new_topic, settings,
-                                                             monkeypatch) -> None:
+                                                             default_lineage) -> None:
     from flows.pipeline import stream_pipeline
 
-    for key in list(os.environ):
-        if key.startswith("OPENLINEAGE"):
-            monkeypatch.delenv(key)
     topic = new_topic(partitions=1)
     for part in samples(8, start_ms=T0_MS, span_ms=60_000, seed=2, image_size=32):
         producer.send(topic, part.payload, part.modality, event_time=part.event_time_ms, sample_id=part.sample_id)

@@ -26,14 +26,7 @@ def events_of(lake: str) -> list[dict]:
 
 
 @pytest.fixture
-def clean_ol_env(monkeypatch):
-    for key in list(__import__("os").environ):
-        if key.startswith("OPENLINEAGE"):
-            monkeypatch.delenv(key)
-
-
-@pytest.fixture
-def ingested(prefect_harness, producer, new_topic, settings, clean_ol_env):
+def ingested(prefect_harness, producer, new_topic, settings, default_lineage):
     from flows.ingest import ingest_stream
 
     topic = new_topic(partitions=2)
@@ -118,7 +111,7 @@ def test_graph_and_explain(ingested) -> None:
     assert len(info["drift_windows"]) == 1 and info["drift_windows"][0]["alarm"] is False
 
 
-def test_failed_flow_emits_fail_with_the_error(prefect_harness, broker, tmp_path, clean_ol_env, monkeypatch) -> None:
+def test_failed_flow_emits_fail_with_the_error(prefect_harness, broker, tmp_path, default_lineage, monkeypatch) -> None:
     import flows.ingest as module
 
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
@@ -151,7 +144,7 @@ def test_custom_facet_schemas_reject_bad_values() -> None:
         validator.validate(facet)
 
 
-def test_dead_endpoint_does_not_hold_a_run(tmp_path, monkeypatch, clean_ol_env) -> None:
+def test_dead_endpoint_does_not_hold_a_run(tmp_path, monkeypatch, default_lineage) -> None:
     """An HTTP endpoint that accepts and never answers costs at most the timeout per event."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -182,7 +175,7 @@ def test_dead_endpoint_does_not_hold_a_run(tmp_path, monkeypatch, clean_ol_env) 
         listener.close()
 
 
-def test_disabled_emits_nothing(tmp_path, monkeypatch, clean_ol_env) -> None:
+def test_disabled_emits_nothing(tmp_path, monkeypatch, default_lineage) -> None:
     monkeypatch.setenv("OPENLINEAGE_DISABLED", "true")
     LineageEmitter(str(tmp_path)).emit("START", "job", "01890000-0000-7000-8000-000000000000")
     assert not Path(default_events_path(str(tmp_path))).exists()
@@ -195,7 +188,7 @@ def test_static_run_ids_identify_backfill_reruns() -> None:
     assert static_run_id("backfill.s", a, b) != static_run_id("backfill.t", a, b)
 
 
-def test_kafka_transport_against_the_embedded_broker(broker, new_topic, tmp_path, monkeypatch, clean_ol_env) -> None:
+def test_kafka_transport_against_the_embedded_broker(broker, new_topic, tmp_path, monkeypatch, default_lineage) -> None:
     from kafka import KafkaConsumer, TopicPartition
 
     topic = new_topic()

@@ -21,11 +21,8 @@ WINDOW = 64
 
 
 @pytest.fixture
-def small_windows(monkeypatch):
+def small_windows(monkeypatch, default_lineage):
     """Windows small enough for a 720-sample stream; OpenLineage to the lake's file transport."""
-    for key in list(os.environ):
-        if key.startswith("OPENLINEAGE"):
-            monkeypatch.delenv(key)
     for key, value in {"REFERENCE": "256", "WINDOW": str(WINDOW), "STEP": "8", "WARMUP": "16"}.items():
         monkeypatch.setenv(f"MMLAKE_DRIFT_{key}", value)
 

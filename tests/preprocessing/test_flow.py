@@ -19,16 +19,6 @@ DAY_MS = 86_400_000
 
 
 @pytest.fixture
-def default_lineage(monkeypatch):
-    """No OpenLineage configuration from the environment: events go to the lake's file transport."""
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("OPENLINEAGE"):
-            monkeypatch.delenv(key)
-
-
-@pytest.fixture
 def ingested(broker, producer, new_topic, settings, default_lineage):
     topic = new_topic(partitions=1)
     for part in samples(10, start_ms=T0_MS, span_ms=2 * DAY_MS, seed=11, image_size=40):
