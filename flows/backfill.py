@@ -76,7 +76,7 @@ def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift"
     run_id = _static_id(job, start, end)
     emitter = LineageEmitter(settings.lake)
 
-    inputs = [delta_input(tables.uri(n), tables.open(n)) for n in ("raw", "features") if tables.open(n)]
+    inputs = [delta_input(tables.uri(n), dt) for n in ("raw", "features") if (dt := tables.open(n)) is not None]
     emitter.emit("START", job, run_id, inputs=inputs)
     out: dict[str, Any] = {"stream": stream, "start": start, "end": end, "stages": chosen, "days": [],
                            "rows": 0, "skipped_days": 0, "drift": None}
@@ -116,7 +116,7 @@ def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift"
     except BaseException as err:
         emitter.emit("FAIL", job, run_id, inputs=inputs, error=err)
         raise
-    outputs = [delta_output(tables.uri(n), tables.open(n)) for n in ("features", "drift") if tables.open(n)]
+    outputs = [delta_output(tables.uri(n), dt) for n in ("features", "drift") if (dt := tables.open(n)) is not None]
     emitter.emit("COMPLETE", job, run_id, inputs=inputs, outputs=outputs)
     logger.info("backfill %s %s..%s: %d rows rewritten over %d day(s), %d up to date", stream, start, end,
                 out["rows"], len(out["days"]), out["skipped_days"])

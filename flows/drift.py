@@ -90,10 +90,11 @@ def drift_stream(stream: str, lake: str | None = None, rebuild: bool = False, ma
     except BaseException as err:
         emitter.emit("FAIL", job, run_id, inputs=[_features_input(tables, None)], error=err)
         raise
+    drift_dt = tables.open("drift")
     emitter.emit("COMPLETE", job, run_id, inputs=[_features_input(tables, summary)],
-                 outputs=[delta_output(tables.uri("drift"), tables.open("drift"), summary.rows)],
+                 outputs=[delta_output(tables.uri("drift"), drift_dt, summary.rows)],
                  run_facets=drift_facets(summary))
-    png = plot_png(_recent_rows(tables), f"drift of {stream}") if tables.open("drift") is not None else None
+    png = plot_png(_recent_rows(drift_dt), f"drift of {stream}") if drift_dt is not None else None
     trained = _trained(tables)
     create_markdown_artifact(key=f"drift-{stream}".lower().replace("_", "-"),
                              markdown=markdown(summary, png, trained), description=summary.line())
@@ -116,13 +117,13 @@ def _save_plot(lake: str, stream: str, png: bytes | None) -> str | None:
     return str(path.resolve())
 
 
-def _recent_rows(tables: Any, windows: int = 600) -> list[dict[str, Any]]:
+def _recent_rows(drift_dt: Any, windows: int = 600) -> list[dict[str, Any]]:
     """The drift table's last ``windows`` windows (every metric), timestamps as epoch µs, for the plot."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = tables.open("drift").to_pyarrow_table(columns=["window_start", "window_end", "first_sample", "metric",
-                                                           "value", "threshold_low", "threshold_high", "alarm"])
+    table = drift_dt.to_pyarrow_table(columns=["window_start", "window_end", "first_sample", "metric", "value",
+                                               "threshold_low", "threshold_high", "alarm"])
     starts = sorted(set(table.column("first_sample").to_pylist()))
     if not starts:
         return []

@@ -46,6 +46,7 @@ def stream_pipeline(topic: str, stream: str, lake: str | None = None, bootstrap:
     except BaseException as err:
         emitter.emit("FAIL", job, run_id, inputs=inputs, error=err)
         raise
-    outputs = [delta_output(tables.uri(t), tables.open(t)) for t in ("raw", "features", "drift") if tables.open(t)]
+    outputs = [delta_output(tables.uri(t), dt) for t in ("raw", "features", "drift")
+               if (dt := tables.open(t)) is not None]
     emitter.emit("COMPLETE", job, run_id, inputs=inputs, outputs=outputs)
     return out

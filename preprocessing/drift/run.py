@@ -245,10 +245,10 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     settings = settings or DriftSettings()
     cfg = settings.config()
     tables = StreamTables(lake, stream, dict(storage_options or {}))
-    if keep_settings:
-        pinned = latest_state(tables.open("drift"))
-        if pinned is not None and pinned.get("config"):
-            cfg = DriftConfig(**pinned["config"])
+    drift_dt = tables.open("drift")
+    pinned = latest_state(drift_dt)  # the state of the last drift commit, read once
+    if keep_settings and pinned is not None and pinned.get("config"):
+        cfg = DriftConfig(**pinned["config"])
     summary = DriftSummary(stream)
     features = tables.open("features")
     if features is None:
@@ -256,9 +256,8 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
                          "(run `mmlake preprocess` first)")
     ops = ops if ops is not None else _defaults(preprocess)
     op_pins = {m: s.sha256 for m, s in ops.items()}
-    drift_dt = tables.open("drift")
     counter = -1 if drift_dt is None else _counter(drift_dt, app_id(stream))
-    state = None if rebuild else latest_state(drift_dt)
+    state = None if rebuild else pinned
     book_dt = tables.open("drift_codebook")
 
     if state is None:
@@ -339,7 +338,7 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         r["first_sample"] += cfg.reference  # counted from the stream's first sample
         r["codebook_sha256"] = ref.sha256
     table = _table(rows, DRIFT_SCHEMA)
-    if rebuild and _same_rows(drift_dt, table) and state_matches(latest_state(drift_dt), new_state):
+    if rebuild and _same_rows(drift_dt, table) and state_matches(pinned, new_state):
         # Rescoring gave exactly what the table holds (e.g. a backfill rewrote identical features):
         # no new version, so a rerun of a backfill changes nothing.
         summary.status += "; rebuilt windows identical to the table: nothing written"
