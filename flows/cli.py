@@ -15,7 +15,12 @@ from mmlake.errors import MmlakeError
 
 
 def _non_negative_int(text: str) -> int:
-    value = _positive_int(text) if text.strip() != "0" else 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
     return value
 
 

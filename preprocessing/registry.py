@@ -45,8 +45,22 @@ def split_ref(ref: str) -> tuple[str, str]:
     return name, version
 
 
+class _Ref:
+    """NAME@VERSION accessors for a spec's ``ref``."""
+
+    ref: str
+
+    @property
+    def name(self) -> str:
+        return split_ref(self.ref)[0]
+
+    @property
+    def version(self) -> str:
+        return split_ref(self.ref)[1]
+
+
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(_Ref):
     """One ONNX model of the registry."""
 
     ref: str
@@ -58,17 +72,9 @@ class ModelSpec:
     generated: bool = False  # generated into the cache folder on first use
     weights: str | None = None  # local checkpoint path (generated CLIP towers only)
 
-    @property
-    def name(self) -> str:
-        return split_ref(self.ref)[0]
-
-    @property
-    def version(self) -> str:
-        return split_ref(self.ref)[1]
-
 
 @dataclass(frozen=True)
-class OperatorSpec:
+class OperatorSpec(_Ref):
     """One operator: a modality's chain of models and the pinned parameters of its Python steps."""
 
     ref: str
@@ -76,14 +82,6 @@ class OperatorSpec:
     models: tuple[ModelSpec, ...]
     params: dict[str, Any] = field(default_factory=dict)
     trained: bool = False
-
-    @property
-    def name(self) -> str:
-        return split_ref(self.ref)[0]
-
-    @property
-    def version(self) -> str:
-        return split_ref(self.ref)[1]
 
     @property
     def sha256(self) -> str:
