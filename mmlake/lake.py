@@ -1,0 +1,264 @@
+"""The ground floor every stage stands on: where a stream's tables live, event-time arithmetic,
+string-safe reads, and the one exactly-once Delta commit that ingest, preprocessing, drift and the
+cache warm-up all make.
+
+Times are UTC epoch microseconds (``int``) throughout; ``UTC_US`` is their Arrow type.
+
+The exactly-once commit (:func:`commit`), after kafka-delta-ingest: a writer records its progress as
+Delta ``txn`` actions (an app id and a version: a Kafka offset, a run counter) in the *same* commit as
+its rows, so rows and progress land together or not at all. Before committing, the versions the
+writer planned from are compared with the table snapshot it holds: when another writer's commit is
+already inside the snapshot (delta-rs refreshes it after each commit), Delta's own conflict check,
+which only looks at commits after the snapshot, would not see it. Either way the commit is refused
+with :class:`~mmlake.errors.CommitRaceLost` and the writer re-plans.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+
+from mmlake.errors import CommitRaceLost, InputError
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+UTC_US = pa.timestamp("us", tz="UTC")
+US_PER_DAY = 86_400_000_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+# -- event time ---------------------------------------------------------------------------------
+
+
+def day_of(us: int) -> int:
+    """The UTC day (days since 1970-01-01, the ``event_date`` partition value) holding ``us``."""
+    return us // US_PER_DAY
+
+
+def days(lo_us: int, hi_us: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut at UTC midnights, in order.
+
+    >>> days(US_PER_DAY - 1, US_PER_DAY + 1)
+    [(86399999999, 86400000000), (86400000000, 86400000001)]
+    """
+    out = []
+    at = lo_us
+    while at < hi_us:
+        nxt = min((day_of(at) + 1) * US_PER_DAY, hi_us)
+        out.append((at, nxt))
+        at = nxt
+    return out
+
+
+def parse_event_time(text: str) -> int:
+    """Parse an event time into UTC epoch microseconds.
+
+    Accepts an integer of epoch milliseconds or an RFC 3339 timestamp with a UTC offset (``Z`` or
+    ``+hh:mm``). Raises ``ValueError`` with a one-line message otherwise.
+
+    >>> parse_event_time("1700000000000")
+    1700000000000000
+    >>> parse_event_time("2023-11-14T22:13:20.5+00:00")
+    1700000000500000
+    """
+    text = text.strip()
+    if not text:
+        raise ValueError("empty")
+    if text.lstrip("-").isdigit():
+        return int(text) * 1000
+    try:
+        parsed = datetime.fromisoformat(text.upper())  # RFC 3339 allows a lower-case t and z
+    except ValueError:
+        raise ValueError(f"not RFC 3339 or epoch milliseconds: {text!r}") from None
+    if parsed.tzinfo is None or "T" not in text.upper():
+        raise ValueError(f"RFC 3339 needs a date, a time and a UTC offset: {text!r}")
+    delta = parsed - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def to_epoch_us(value: datetime | str | int | None) -> int | None:
+    """A time bound as UTC epoch microseconds: an aware datetime, RFC 3339 text or epoch milliseconds.
+    None stays None; anything else unusable is an :class:`InputError`."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InputError("time bounds need a timezone (naive datetimes are ambiguous)")
+        return parse_event_time(value.isoformat())
+    try:
+        return parse_event_time(str(value))
+    except ValueError as err:
+        raise InputError(f"bad time bound: {err}") from None
+
+
+def time_range(start: datetime | str | int, end: datetime | str | int, *,
+               requirement: str = "--from must be before --to") -> tuple[int, int]:
+    """``(lo, hi)`` of a half-open range ``[start, end)``; an :class:`InputError` saying
+    ``requirement`` unless both bounds parse and ``start < end``."""
+    lo, hi = to_epoch_us(start), to_epoch_us(end)
+    if lo is None or hi is None or hi <= lo:
+        raise InputError(f"{requirement} (got {start} .. {end})")
+    return lo, hi
+
+
+def format_us(us: int | None) -> str:
+    """``us`` as RFC 3339 in UTC (``...Z``), ``-`` for None. Never raises: an instant Python's
+    datetime cannot hold is written as ``<us>us``."""
+    if us is None:
+        return "-"
+    try:
+        return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    except (OverflowError, ValueError, OSError):
+        return f"{us}us"
+
+
+def iso_us(us: int) -> str:
+    """``us`` as a fixed-width RFC 3339 timestamp with microseconds (for predicates and metadata)."""
+    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# -- locations ----------------------------------------------------------------------------------
+
+
+def is_local(lake: str) -> bool:
+    """Whether ``lake`` is a path on this machine (a plain path or ``file://``), not an object store."""
+    return "://" not in lake or lake.startswith("file://")
+
+
+def lake_root(lake: str) -> str:
+    """The lake's root as tables are addressed: a local path made absolute, a URI as given."""
+    if "://" not in lake:
+        lake = os.path.abspath(lake)
+    return lake.rstrip("/")
+
+
+def table_uri(lake: str, stream: str, table: str) -> str:
+    """Location of ``<lake>/<stream>/<table>``; a local lake path is made absolute."""
+    return f"{lake_root(lake)}/{stream}/{table}"
+
+
+@dataclass(frozen=True)
+class StreamTables:
+    """The locations of one stream's tables and the storage options to open them with."""
+
+    lake: str
+    stream: str
+    storage_options: dict[str, str] = field(default_factory=dict)
+
+    def uri(self, table: str) -> str:
+        return table_uri(self.lake, self.stream, table)
+
+    @property
+    def options(self) -> dict[str, str] | None:
+        """The storage options as deltalake takes them (None for none)."""
+        return dict(self.storage_options) or None
+
+    def open(self, table: str) -> DeltaTable | None:
+        """The table at its latest version, or None if it does not exist yet."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.uri(table), storage_options=self.options)
+        except TableNotFoundError:
+            return None
+
+    def exists(self, table: str) -> bool:
+        return self.open(table) is not None
+
+    def ensure(self, table: str, schema: pa.Schema, partition_by: list[str] | None = None) -> DeltaTable:
+        """Open the table, creating it empty (with ``schema`` and partitioning) if it is missing.
+        Safe when another writer creates it at the same moment: theirs is opened."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+
+        existing = self.open(table)
+        if existing is not None:
+            return existing
+        try:
+            return DeltaTable.create(self.uri(table), schema, mode="ignore", partition_by=partition_by or None,
+                                     storage_options=self.options, name=f"{self.stream}.{table}")
+        except DeltaError:
+            found = self.open(table)
+            if found is None:
+                raise
+            return found
+
+
+# -- reads --------------------------------------------------------------------------------------
+
+
+def scan(dt: DeltaTable, columns: list[str] | None = None, filter: Any = None) -> pa.Table:
+    """Columns of a Delta table, strings as plain ``string``.
+
+    Files rewritten by delta-rs (compaction, delete, predicate overwrite) may hold ``string_view``
+    columns, which Arrow will not compare with ``string``: apply string predicates to the result, never
+    inside the scan (``filter`` is for times, dates and numbers).
+    """
+    table = dt.to_pyarrow_dataset().to_table(columns=columns, filter=filter)
+    for i, f in enumerate(table.schema):
+        if pa.types.is_string_view(f.type) or pa.types.is_large_string(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(pa.string()))
+    return table
+
+
+# -- the exactly-once commit --------------------------------------------------------------------
+
+
+def txn_version(dt: DeltaTable | None, app_id: str) -> int:
+    """The version the table's ``txn`` action ``app_id`` holds, -1 when it has none (or no table)."""
+    if dt is None:
+        return -1
+    value = dt.transaction_version(app_id)
+    return -1 if value is None else int(value)
+
+
+def check_snapshot(dt: DeltaTable | None, expect: Mapping[str, int]) -> None:
+    """Raise :class:`CommitRaceLost` unless every ``txn`` app id in ``expect`` holds the expected
+    version (-1: none) in the snapshot ``dt``."""
+    for app_id, version in expect.items():
+        current = txn_version(dt, app_id)
+        if current != version:
+            raise CommitRaceLost(f"{app_id} is at {current} in the table, this commit was planned at {version}")
+
+
+def commit(target: DeltaTable | str, data: pa.Table, *, txns: Mapping[str, int],
+           expect: Mapping[str, int] | None = None, metadata: Mapping[str, str] | None = None,
+           mode: Literal["append", "overwrite"] = "append", predicate: str | None = None, partition_by: list[str] | None = None,
+           storage_options: dict[str, str] | None = None, name: str | None = None) -> bool:
+    """One Delta commit: ``data`` (appended, or with ``mode="overwrite"`` replacing the table or the
+    rows ``predicate`` selects), one ``txn`` action per ``txns`` entry (app id -> new version) and
+    ``metadata`` as the commit's custom metadata.
+
+    ``target`` is the table as the writer planned from it, or a URI where no table exists yet (created
+    by this commit, with ``storage_options`` and ``name``). ``expect`` (app id -> version, -1 for none)
+    is what the writer's plan assumed; see the module docstring. Returns False, writing nothing, when
+    there is nothing to commit (no rows, no txn). Raises :class:`CommitRaceLost` when another writer
+    got there first.
+    """
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    dt = target if isinstance(target, DeltaTable) else None
+    check_snapshot(dt, expect or {})
+    if not txns and data.num_rows == 0:
+        return False
+    properties = CommitProperties(app_transactions=[Transaction(app, int(v)) for app, v in txns.items()],
+                                  custom_metadata=dict(metadata or {}))
+    where: dict[str, Any] = {"partition_by": partition_by or None, "commit_properties": properties,
+                             "storage_options": None if dt is not None else (storage_options or None),
+                             "name": None if dt is not None else name}
+    try:
+        if mode == "overwrite":
+            write_deltalake(target, data, mode="overwrite", predicate=predicate, **where)
+        else:
+            write_deltalake(target, data, mode="append", **where)
+    except CommitFailedError as err:
+        raise CommitRaceLost(f"another writer committed first: {err}".splitlines()[0]) from err
+    return True
