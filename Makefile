@@ -4,14 +4,19 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.mmlake-installed
+# The editable install is setuptools' strict mode: a tree of links under build/ that maps the
+# top-level folders to mmlake.<package> (mypy and IDEs follow it). A module added or removed changes
+# its folder, and the tree is rebuilt.
+EDITABLE := --config-settings editable_mode=strict
+PACKAGE_DIRS := mmlake ingest preprocessing preprocessing/drift lineage cache flows
 
 .PHONY: demo test bench install clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(PACKAGE_DIRS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' $(EDITABLE)
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,11 +28,11 @@ test: $(STAMP)
 BENCH_STAMP := $(VENV)/.mmlake-bench-installed
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,bench]' $(EDITABLE)
 	@touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) lake .mmlake-demo bench/results/*.json
+	rm -rf $(VENV) build lake .mmlake-demo bench/results/*.json

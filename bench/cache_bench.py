@@ -49,9 +49,9 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
 def latency(sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000), queries: int = 400) -> dict[str, Any]:
     import torch
 
-    from cache import CacheSettings, SafeCache
-    from cache.index import VectorIndex
-    from cache.lsh import HyperplaneLSH
+    from mmlake.cache import CacheSettings, SafeCache
+    from mmlake.cache.index import VectorIndex
+    from mmlake.cache.lsh import HyperplaneLSH
 
     settings = CacheSettings()
     out: dict[str, Any] = {"lsh": {"bits": settings.lsh_bits, "tables": settings.lsh_tables,
@@ -136,7 +136,7 @@ def near_duplicates(sources: int = 100, novel: int = 50, reference: int = 48) ->
     import open_clip
     import torch
 
-    from cache import CacheSettings, Hit, SafeCache
+    from mmlake.cache import CacheSettings, Hit, SafeCache
 
     torch.manual_seed(0)
     model, _, preprocess = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
@@ -225,8 +225,8 @@ while True:
 def transfer(megabytes: int = 16, repeats: int = 31) -> dict[str, Any]:
     import torch
 
-    from cache import Hit, SafeCacheClient
-    from ingest.broker import free_port
+    from mmlake.cache import Hit, SafeCacheClient
+    from mmlake.ingest.broker import free_port
 
     size = megabytes * 1024 * 1024
     raw = subprocess.Popen([sys.executable, "-c", _RAW_SERVER, str(size)], stdout=subprocess.PIPE, text=True)

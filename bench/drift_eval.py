@@ -65,7 +65,7 @@ def _family(metric: str) -> str:
 # -- mmlake ---------------------------------------------------------------------------------------
 
 def _ours(samples: Any, change: int | None) -> tuple[dict[str, dict[str, Any]], float]:
-    from preprocessing.drift.detector import Detector, DriftConfig, Reference
+    from mmlake.preprocessing.drift.detector import Detector, DriftConfig, Reference
 
     cfg = DriftConfig()
     t = time.perf_counter()
@@ -88,8 +88,8 @@ def _ours(samples: Any, change: int | None) -> tuple[dict[str, dict[str, Any]], 
 
 
 def _bad_input(seed: int) -> Any:
-    from preprocessing.drift.detector import ERROR, MISSING, NAN, ZERO_NORM
-    from preprocessing.drift.streams import stream
+    from mmlake.preprocessing.drift.detector import ERROR, MISSING, NAN, ZERO_NORM
+    from mmlake.preprocessing.drift.streams import stream
 
     s = stream("null", N, seed=seed)
     rng = np.random.default_rng(seed)
@@ -193,7 +193,7 @@ def _events(flags: list[bool]) -> int:
 # -- the run ----------------------------------------------------------------------------------------
 
 def run() -> dict[str, Any]:
-    from preprocessing.drift.streams import stream
+    from mmlake.preprocessing.drift.streams import stream
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
     report: dict[str, Any] = {"setup": {"samples_per_stream": N, "change_point": CHANGE, "window": 128, "step": 16,

@@ -46,7 +46,7 @@ print(json.dumps({"seconds": elapsed, "records": count, "bytes": size,
 
 _INGEST = r"""
 import json, resource, sys, time
-from ingest import IngestSettings, run_ingest
+from mmlake.ingest import IngestSettings, run_ingest
 bootstrap, topic, lake = sys.argv[1], sys.argv[2], sys.argv[3]
 settings = IngestSettings(lake=lake, kafka_bootstrap=bootstrap)
 start = time.perf_counter()
@@ -82,7 +82,7 @@ def _produce(bootstrap: str, topic: str, kind: str, count: int) -> None:
 
     from PIL import Image
 
-    from ingest import MultimodalProducer, ensure_topic
+    from mmlake.ingest import MultimodalProducer, ensure_topic
 
     ensure_topic(bootstrap, topic, partitions=3)
     rng = np.random.default_rng(0)
@@ -104,7 +104,7 @@ def _produce(bootstrap: str, topic: str, kind: str, count: int) -> None:
 
 
 def run(text_records: int = 100_000, image_records: int = 2_000, repeats: int = 3) -> dict[str, Any]:
-    from ingest import EmbeddedBroker
+    from mmlake.ingest import EmbeddedBroker
 
     workloads = {"text_1kb": ("text", text_records), "image_100kb": ("image", image_records)}
     report: dict[str, Any] = {"target_ratio": TARGET, "workloads": {}}

@@ -43,7 +43,7 @@ def _images(count: int) -> list[bytes]:
 
 
 def _texts(count: int) -> list[bytes]:
-    from ingest.synth import COLOURS, SHAPES
+    from mmlake.ingest.synth import COLOURS, SHAPES
 
     colours = list(COLOURS)
     return [f"a {colours[i % len(colours)]} {SHAPES[i % len(SHAPES)]} on a dark background, photo {i}".encode()
@@ -61,10 +61,10 @@ def run(images: int = 64, texts: int = 128, repeats: int = 3) -> dict[str, Any]:
     import torch
     from PIL import Image
 
-    from preprocessing.clip import torch_reference
-    from preprocessing.operators import load
-    from preprocessing.registry import Registry
-    from preprocessing.runtime import resolve
+    from mmlake.preprocessing.clip import torch_reference
+    from mmlake.preprocessing.operators import load
+    from mmlake.preprocessing.registry import Registry
+    from mmlake.preprocessing.runtime import resolve
 
     threads = min(os.cpu_count() or 1, 8)
     torch.set_num_threads(threads)

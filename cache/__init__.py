@@ -6,12 +6,12 @@ Importing this package loads no model and starts nothing.
 
 from __future__ import annotations
 
-from cache.client import SafeCacheClient
-from cache.core import Hit, Miss, PutResult, SafeCache
-from cache.errors import BadRequestError, CacheError, PayloadTooLargeError, UnauthorizedError
-from cache.lsh import HyperplaneLSH
-from cache.settings import CacheSettings
-from cache.snapshot import load_snapshot, save_snapshot
+from mmlake.cache.client import SafeCacheClient
+from mmlake.cache.core import Hit, Miss, PutResult, SafeCache
+from mmlake.cache.errors import BadRequestError, CacheError, PayloadTooLargeError, UnauthorizedError
+from mmlake.cache.lsh import HyperplaneLSH
+from mmlake.cache.settings import CacheSettings
+from mmlake.cache.snapshot import load_snapshot, save_snapshot
 
 __all__ = [
     "BadRequestError",

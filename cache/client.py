@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from cache.core import Hit, Miss
-from cache.errors import BadRequestError, CacheError, PayloadTooLargeError, UnauthorizedError
-from cache.tiers import Tensors
+from mmlake.cache.core import Hit, Miss
+from mmlake.cache.errors import BadRequestError, CacheError, PayloadTooLargeError, UnauthorizedError
+from mmlake.cache.tiers import Tensors
 
 
 _TORCH_DTYPES = {

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from cache.errors import BadRequestError, PayloadTooLargeError
-from cache.index import VectorIndex
-from cache.lsh import HyperplaneLSH, normalise
-from cache.settings import CacheSettings
-from cache.tiers import Tensors, Tier, build_tiers, tensors_nbytes
+from mmlake.cache.errors import BadRequestError, PayloadTooLargeError
+from mmlake.cache.index import VectorIndex
+from mmlake.cache.lsh import HyperplaneLSH, normalise
+from mmlake.cache.settings import CacheSettings
+from mmlake.cache.tiers import Tensors, Tier, tensors_nbytes, tiers_from_settings
 
 K = 2  # LRU-K
 
@@ -83,7 +83,8 @@ class SafeCache:
         self.settings = settings or CacheSettings()
         s = self.settings
         self.clock = clock
-        self.tiers = tiers if tiers is not None else build_tiers(s.gpu_bytes, s.cpu_bytes, s.disk_bytes, s.disk_dir)
+        self.tiers = tiers if tiers is not None else tiers_from_settings(s.gpu_bytes, s.cpu_bytes, s.disk_bytes,
+                                                                                s.disk_dir)
         self._tier_by_name = {t.name: t for t in self.tiers}
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cache.lsh import HyperplaneLSH
+from mmlake.cache.lsh import HyperplaneLSH
 
 
 def _flat_index(dim: int) -> Any:

@@ -20,6 +20,16 @@ def normalise(vector: np.ndarray) -> np.ndarray:
     return v / norm
 
 
+def at_cosine(vector: np.ndarray, cosine: float, rng: np.random.Generator) -> np.ndarray:
+    """A float32 unit vector at exactly ``cosine`` from ``vector`` (a random direction otherwise): a
+    near-duplicate query for tests, benchmarks and the demo."""
+    u = normalise(vector)
+    noise = rng.standard_normal(u.shape)
+    noise -= (noise @ u) * u
+    noise /= np.linalg.norm(noise)
+    return (cosine * u + np.sqrt(1 - cosine ** 2) * noise).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class HyperplaneLSH:
     """``tables`` independent sets of ``bits`` hyperplanes drawn from a seeded normal distribution.

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from fastapi import Request  # at module level: FastAPI resolves the route annotations from here
 
-from cache.core import Hit, SafeCache
-from cache.errors import BadRequestError, CacheError, PayloadTooLargeError, UnauthorizedError
+from mmlake.cache.core import Hit, SafeCache
+from mmlake.cache.errors import BadRequestError, CacheError, PayloadTooLargeError, UnauthorizedError
 
 LOOKUP_BODY_LIMIT = 4 << 20
 MAX_HEADER_BYTES = 16 << 20
@@ -272,8 +272,8 @@ def serve(port: int, tokens_path: str, *, host: str = "127.0.0.1", snapshot_dir:
 
     import uvicorn
 
-    from cache.settings import CacheSettings
-    from cache.snapshot import load_snapshot, save_snapshot
+    from mmlake.cache.settings import CacheSettings
+    from mmlake.cache.snapshot import load_snapshot, save_snapshot
 
     tokens = load_tokens(tokens_path)
     cache = SafeCache(settings or CacheSettings())

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from mmlake.settings import Settings
 
 
-class CacheSettings(BaseSettings):
+class CacheSettings(Settings):
     """Settings of SafeCache (in-process and server). Every field is bound to ``MMLAKE_CACHE_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="MMLAKE_CACHE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="MMLAKE_CACHE_")
 
     min_similarity: float = Field(
         0.82, gt=0, le=1, description="Server floor: a lookup hits only at cosine >= this; requests may only raise it."

@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from cache.core import SafeCache
-from cache.errors import CacheError
+from mmlake.cache.core import SafeCache
+from mmlake.cache.errors import CacheError
 
 _EMBEDDING = "__embedding__"
 

@@ -1,8 +1,10 @@
-"""Where KV tensors live: GPU, CPU and disk tiers behind one small interface, chosen by name."""
+"""Where KV tensors live: GPU, CPU and disk tiers behind one small interface, built by name from a registry."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -94,13 +96,46 @@ def gpu_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def build_tiers(gpu_bytes: int, cpu_bytes: int, disk_bytes: int, disk_dir: str | None) -> list[Tier]:
-    """The tiers in order of speed. The GPU tier exists only with a GPU and a budget; the disk tier only
-    with a budget and a folder. The CPU tier always exists (a zero budget means: spill or evict at once)."""
-    tiers: list[Tier] = []
-    if gpu_bytes and gpu_available():
-        tiers.append(MemoryTier("gpu", gpu_bytes, "cuda"))
-    tiers.append(MemoryTier("cpu", cpu_bytes, "cpu"))
-    if disk_bytes and disk_dir:
-        tiers.append(DiskTier("disk", disk_bytes, disk_dir))
+@dataclass(frozen=True)
+class TierConfig:
+    """What building a tier may use: its byte budget, and a folder for tiers that keep files."""
+
+    budget: int
+    folder: str | None = None
+
+
+def _gpu(config: TierConfig) -> Tier | None:
+    return MemoryTier("gpu", config.budget, "cuda") if config.budget and gpu_available() else None
+
+
+def _cpu(config: TierConfig) -> Tier | None:
+    return MemoryTier("cpu", config.budget, "cpu")  # always there: a zero budget spills or evicts at once
+
+
+def _disk(config: TierConfig) -> Tier | None:
+    return DiskTier("disk", config.budget, config.folder) if config.budget and config.folder else None
+
+
+#: Tier name -> a builder that returns the tier, or None where it cannot exist here (no GPU, no budget).
+TIERS: dict[str, Callable[[TierConfig], Tier | None]] = {"gpu": _gpu, "cpu": _cpu, "disk": _disk}
+#: Fastest first: entries are placed in the first tier with room and spill down.
+TIER_ORDER = ("gpu", "cpu", "disk")
+
+
+def build_tiers(configs: Mapping[str, TierConfig], order: Iterable[str] = TIER_ORDER) -> list[Tier]:
+    """The tiers of ``order`` that ``configs`` configures and can exist here, built from :data:`TIERS`."""
+    unknown = sorted(set(configs) - set(TIERS))
+    if unknown:
+        raise ValueError(f"unknown cache tier(s) {', '.join(unknown)}; known: {', '.join(sorted(TIERS))}")
+    tiers = []
+    for name in order:
+        if name in configs and (tier := TIERS[name](configs[name])) is not None:
+            tiers.append(tier)
     return tiers
+
+
+def tiers_from_settings(gpu_bytes: int, cpu_bytes: int, disk_bytes: int, disk_dir: str | None) -> list[Tier]:
+    """The tiers the settings ask for: a GPU tier only with a GPU and a budget, a disk tier only with a
+    budget and a folder, the CPU tier always."""
+    return build_tiers({"gpu": TierConfig(gpu_bytes), "cpu": TierConfig(cpu_bytes),
+                        "disk": TierConfig(disk_bytes, disk_dir)})

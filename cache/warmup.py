@@ -1,6 +1,6 @@
 """Cache warm-up over a stream's features: LSH keys computed ahead, and invalidation on drift.
 
-Contracts it reads (ARCHITECTURE.md): ``<lake>/<stream>/features`` (``record_id``, ``sample_id``,
+Contracts it reads (docs/tables.md): ``<lake>/<stream>/features`` (``record_id``, ``sample_id``,
 ``modality``, ``event_time``, ``embedding`` as fixed_size_list<float32>) and ``<lake>/<stream>/drift``
 (one row per window and metric with ``window_end`` and a boolean ``alarm``). Until the preprocessing and
 drift stages write those tables, both functions find nothing and say so; nothing else depends on them.
@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cache.lsh import HyperplaneLSH
-from cache.settings import CacheSettings
-from ingest.tables import UTC_US, table_uri
+from mmlake.cache.lsh import HyperplaneLSH
+from mmlake.cache.settings import CacheSettings
+from mmlake.lake import UTC_US, StreamTables, commit, txn_version
 
 KEYS_SCHEMA = pa.schema([
     ("record_id", pa.string()),
@@ -32,25 +32,9 @@ KEYS_SCHEMA = pa.schema([
 _DRIFT_APP = "mmlake-cache-warmup/{stream}/drift-checked-until-us"
 
 
-def _open(lake: str, stream: str, table: str, storage_options: dict[str, str] | None) -> Any:
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        return DeltaTable(table_uri(lake, stream, table), storage_options=storage_options or None)
-    except TableNotFoundError:
-        return None
-
-
-def _keys_table(lake: str, stream: str, storage_options: dict[str, str] | None) -> Any:
+def _keys_table(tables: StreamTables) -> Any:
     """``<lake>/<stream>/cache_keys``, created empty if it is not there yet."""
-    from deltalake import DeltaTable
-
-    existing = _open(lake, stream, "cache_keys", storage_options)
-    if existing is not None:
-        return existing
-    return DeltaTable.create(table_uri(lake, stream, "cache_keys"), KEYS_SCHEMA, mode="ignore",
-                             storage_options=storage_options or None)
+    return tables.ensure("cache_keys", KEYS_SCHEMA)
 
 
 def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = None, *,
@@ -60,13 +44,14 @@ def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = Non
     from deltalake import write_deltalake
 
     settings = settings or CacheSettings()
-    features = _open(lake, stream, "features", storage_options)
+    tables = StreamTables(lake, stream, dict(storage_options or {}))
+    features = tables.open("features")
     if features is None:
         return 0, []
     table = features.to_pyarrow_table(columns=["record_id", "sample_id", "modality", "event_time", "embedding"])
     if table.num_rows == 0:
         return 0, []
-    existing = _keys_table(lake, stream, storage_options)
+    existing = _keys_table(tables)
     done = existing.to_pyarrow_table(columns=["record_id", "lsh_version"]).to_pylist()
     done_set = {(r["record_id"], r["lsh_version"]) for r in done}
 
@@ -100,10 +85,10 @@ def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = Non
 
 def new_drift_alarm(lake: str, stream: str, *, storage_options: dict[str, str] | None = None) -> bool:
     """Whether the drift table has an alarm in a window that ended after the last check; records the
-    check in the ``cache_keys`` log (a txn action), so each alarm triggers one invalidation."""
-    from deltalake import CommitProperties, Transaction, write_deltalake
-
-    drift = _open(lake, stream, "drift", storage_options)
+    check in the ``cache_keys`` log (a txn action, checked against the snapshot it was read from), so
+    each alarm triggers one invalidation."""
+    tables = StreamTables(lake, stream, dict(storage_options or {}))
+    drift = tables.open("drift")
     if drift is None:
         return False
     rows = drift.to_pyarrow_table(columns=["window_end", "alarm"])
@@ -111,11 +96,10 @@ def new_drift_alarm(lake: str, stream: str, *, storage_options: dict[str, str] |
     if alarms.num_rows == 0:
         return False
     latest = max(alarms.column("window_end").cast(UTC_US).cast(pa.int64()).to_pylist())
-    keys = _keys_table(lake, stream, storage_options)
+    keys = _keys_table(tables)
     app = _DRIFT_APP.format(stream=stream)
     checked = keys.transaction_version(app)
     if checked is not None and checked >= latest:
         return False
-    write_deltalake(keys, KEYS_SCHEMA.empty_table(), mode="append",
-                    commit_properties=CommitProperties(app_transactions=[Transaction(app, latest)]))
+    commit(keys, KEYS_SCHEMA.empty_table(), txns={app: latest}, expect={app: txn_version(keys, app)})
     return True

@@ -132,7 +132,7 @@ class InferenceServer:
 
     def first_token_logits(self, embedding: np.ndarray, prompt: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Logits of the first generated token, and whether the prefix KV came from the cache."""
-        from cache.core import Hit
+        from mmlake.cache.core import Hit
 
         found = self.store.lookup(embedding)
         if isinstance(found, Hit):
@@ -143,7 +143,7 @@ class InferenceServer:
 
 
 def main() -> None:
-    from cache import CacheSettings, SafeCache
+    from mmlake.cache import CacheSettings, SafeCache
 
     model = TinyLM()
     server = InferenceServer(model, InProcessKV(SafeCache(CacheSettings()), "demo", "tiny-lm-v0"))

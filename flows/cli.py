@@ -7,8 +7,9 @@ import argparse
 import os
 import signal
 import sys
-from pathlib import Path
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mmlake.errors import MmlakeError
@@ -55,7 +56,7 @@ def _non_negative_float(text: str) -> float:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from ingest.settings import IngestSettings
+    from mmlake.ingest.settings import IngestSettings
 
     return IngestSettings().with_overrides(
         lake=getattr(args, "lake", None),
@@ -64,8 +65,20 @@ def _settings(args: argparse.Namespace) -> Any:
     )
 
 
+def _cancel_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT (Ctrl-C) set: a run given it stops after its current commit."""
+    cancel = threading.Event()
+
+    def stop(*_: object) -> None:
+        cancel.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return cancel
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
-    from ingest.broker import EmbeddedBroker
+    from mmlake.ingest.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(port=args.port).start()
     print(f"embedded Kafka broker (Tansu, in memory) at {broker.bootstrap}; Ctrl-C stops it", flush=True)
@@ -83,7 +96,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from ingest.producer import produce_path
+    from mmlake.ingest.producer import produce_path
 
     settings = _settings(args)
     sent = produce_path(
@@ -95,20 +108,16 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from ingest.errors import TopicNotFoundError
-    from ingest.producer import topic_exists
+    from mmlake.ingest.errors import TopicNotFoundError
+    from mmlake.ingest.producer import topic_exists
 
     settings = _settings(args)
     # Fail fast, before Prefect spends seconds starting, when the broker or the topic is not there.
     if not topic_exists(settings.kafka_bootstrap, args.topic, settings.kafka_timeout_s):
         raise TopicNotFoundError(f"topic {args.topic!r} does not exist at {settings.kafka_bootstrap}")
-    from flows.ingest import STOP, ingest_stream
+    from mmlake.flows.ingest import ingest_stream
 
-    def stop(*_: object) -> None:
-        STOP.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    cancel = _cancel_on_signals()
     result = ingest_stream(
         topic=args.topic,
         stream=args.stream,
@@ -118,8 +127,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         follow=args.follow,
         max_records=args.max_records,
         allowed_lateness_s=settings.allowed_lateness_s,
+        cancel=cancel,
     )
-    from ingest.engine import IngestSummary
+    from mmlake.ingest.engine import IngestSummary
 
     offsets = {int(p): span for p, span in result["offsets"].items()}
     fields = {k: v for k, v in result.items() if k in IngestSummary.__dataclass_fields__}
@@ -128,7 +138,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from ingest.maintenance import compact
+    from mmlake.ingest.maintenance import compact
 
     settings = _settings(args)
     report = compact(
@@ -146,7 +156,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    from ingest.reader import read_stream
+    from mmlake.ingest.reader import read_stream
 
     settings = _settings(args)
     shown = 0
@@ -173,7 +183,8 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from flows.deployments import parse_pipeline_stages, serve_pipeline
+    from mmlake.flows.deployments import serve_pipeline
+    from mmlake.flows.stages import parse_pipeline_stages
 
     settings = _settings(args)
     stages = ",".join(parse_pipeline_stages(args.stages))
@@ -189,14 +200,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_serve(args: argparse.Namespace) -> int:
-    from cache.server import serve
+    from mmlake.cache.server import serve
 
     serve(args.port, args.tokens, host=args.host, snapshot_dir=args.snapshot_dir)
     return 0
 
 
 def cmd_lineage_graph(args: argparse.Namespace) -> int:
-    from lineage.query import format_graph, lineage_graph, load_events
+    from mmlake.lineage.query import format_graph, lineage_graph, load_events
 
     settings = _settings(args)
     for line in format_graph(lineage_graph(load_events(settings.lake), args.dataset, args.depth)):
@@ -205,7 +216,7 @@ def cmd_lineage_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_lineage_explain(args: argparse.Namespace) -> int:
-    from lineage.query import explain_record, format_explain
+    from mmlake.lineage.query import explain_record, format_explain
 
     settings = _settings(args)
     for line in format_explain(explain_record(settings.lake, args.stream, args.record_id)):
@@ -220,20 +231,18 @@ def _preprocess_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _registry(args: argparse.Namespace) -> Any:
     """The operator registry the preprocessing commands use (with ``--clip-weights`` where given)."""
-    from preprocessing.features import load_registry
-    from preprocessing.settings import PreprocessSettings
+    from mmlake.preprocessing.registry import load_registry
+    from mmlake.preprocessing.settings import PreprocessSettings
 
     return load_registry(PreprocessSettings().with_overrides(clip_weights=args.clip_weights))
 
 
 def _precheck(args: argparse.Namespace, operators: list[str]) -> None:
     """Fail fast, before Prefect spends seconds starting: the stream's raw table and the operators."""
-    from ingest.errors import InputError
-    from ingest.tables import StreamTables
+    from mmlake.errors import InputError
 
-    settings = _settings(args)
-    tables = StreamTables(settings.lake, args.stream, dict(settings.storage_options))
-    if tables.open("raw") is None:
+    tables = _settings(args).tables(args.stream)
+    if not tables.exists("raw"):
         raise InputError(f"stream {args.stream!r} has no raw table at {tables.uri('raw')} (ingest it first)")
     registry = _registry(args)
     for ref in operators:
@@ -241,57 +250,45 @@ def _precheck(args: argparse.Namespace, operators: list[str]) -> None:
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    from flows.preprocess import STOP, preprocess_stream
-    from preprocessing.features import PreprocessSummary
+    from mmlake.flows.preprocess import preprocess_stream
+    from mmlake.preprocessing.drift.report import result_line
+    from mmlake.preprocessing.features import PreprocessSummary
 
     _precheck(args, args.operator or [])
-
-    def stop(*_: object) -> None:
-        STOP.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     result = preprocess_stream(stream=args.stream, operators=args.operator or None, max_rows=args.max_rows,
-                               then_drift=args.then_drift, **_preprocess_overrides(args))
+                               then_drift=args.then_drift, cancel=_cancel_on_signals(),
+                               **_preprocess_overrides(args))
     drift = result.pop("drift", None)
     print(PreprocessSummary(**result).line())
     if drift is not None:
-        print(_drift_line(drift))
+        print(result_line(drift))
     return 0
 
 
-def _drift_line(result: dict[str, Any]) -> str:
-    from preprocessing.drift.run import DriftSummary
-
-    trained = result.pop("encoder_trained", None)
-    result.pop("plot", None)
-    line = DriftSummary(**result).line()
-    return line + (" (embeddings from UNTRAINED seeded encoders)" if trained is False else "")
-
-
 def cmd_drift(args: argparse.Namespace) -> int:
-    from flows.drift import drift_stream
-    from ingest.errors import InputError
-    from ingest.tables import StreamTables
+    from mmlake.errors import InputError
+    from mmlake.flows.drift import drift_stream
+    from mmlake.preprocessing.drift.report import result_line
 
     settings = _settings(args)
-    tables = StreamTables(settings.lake, args.stream, dict(settings.storage_options))
-    if tables.open("features") is None:  # before a flow run starts (and its API server with it)
+    tables = settings.tables(args.stream)
+    if not tables.exists("features"):  # before a flow run starts (and its API server with it)
         raise InputError(f"stream {args.stream!r} has no features table at {tables.uri('features')} "
                          "(run `mmlake preprocess` first)")
     result = drift_stream(stream=args.stream, lake=settings.lake, rebuild=args.rebuild,
                           max_samples=args.max_samples, window=args.window, step=args.step,
                           reference=args.reference)
-    print(_drift_line(result))
+    print(result_line(result))
     return 0
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from flows.backfill import backfill, check_range, parse_stages
-    from flows.preprocess import PROGRESS
+    from mmlake.flows.backfill import backfill, check_range
+    from mmlake.flows.stages import parse_backfill_stages
+    from mmlake.preprocessing.drift.report import result_line
 
     check_range(args.start, args.end)
-    stages = parse_stages(args.stages)
+    stages = parse_backfill_stages(args.stages)
     if "preprocess" in stages:
         _precheck(args, [args.operator] if args.operator else [])
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -300,12 +297,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                   TimeRemainingColumn(), transient=False, disable=not sys.stderr.isatty() and not args.progress,
                   console=None) as bar:
         job = bar.add_task("rows", total=None)
-        PROGRESS.append(lambda done, total: bar.update(job, completed=done, total=total))
-        try:
-            result = backfill(stream=args.stream, start=args.start, end=args.end, stages=",".join(stages),
-                              operator=args.operator, force=args.force, **_preprocess_overrides(args))
-        finally:
-            PROGRESS.clear()
+        result = backfill(stream=args.stream, start=args.start, end=args.end, stages=",".join(stages),
+                          operator=args.operator, force=args.force,
+                          progress=lambda done, total: bar.update(job, completed=done, total=total),
+                          **_preprocess_overrides(args))
     if "preprocess" in stages:
         if result["days"] and result["skipped_days"] == len(result["days"]):
             print(f"{args.stream}: {args.start}..{args.end} is already up to date ({result['skipped_days']} days "
@@ -315,7 +310,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                   f"({result['skipped_days']} already up to date)")
     drift = result.get("drift")
     if drift is not None:
-        print(_drift_line(dict(drift)) if "samples" in drift else f"{args.stream}: drift: {drift['status']}")
+        print(result_line(drift) if "samples" in drift else f"{args.stream}: drift: {drift['status']}")
     return 0
 
 
@@ -337,7 +332,7 @@ def cmd_ops_list(args: argparse.Namespace) -> int:
 
 
 def cmd_ops_verify(args: argparse.Namespace) -> int:
-    from preprocessing.verify import verify
+    from mmlake.preprocessing.verify import verify
 
     registry = _registry(args)
     results = verify(registry, regenerate=not args.no_regenerate)
@@ -351,26 +346,15 @@ def cmd_ops_verify(args: argparse.Namespace) -> int:
 
 def cmd_ops_build(args: argparse.Namespace) -> int:
     """Generate the encoder models into the cache now (replacing any cached copy)."""
-    from preprocessing.registry import _atomic_write, sha256_hex
-    from preprocessing.errors import OperatorIntegrityError
+    from mmlake.preprocessing.build import build_generated
 
-    registry = _registry(args)
-    for spec in registry.models.values():
-        if not spec.generated:
-            continue
-        data = registry.build(spec)
-        expected = registry.expected_sha256(spec)
-        if expected is not None and sha256_hex(data) != expected:
-            raise OperatorIntegrityError(f"regenerated {spec.ref} does not match its recorded SHA-256")
-        if expected is None:
-            registry._record_local(spec.ref, sha256_hex(data))
-        _atomic_write(registry.model_path(spec), data)
-        print(f"{spec.ref}: {registry.model_path(spec)}")
+    for ref, path in build_generated(_registry(args)):
+        print(f"{ref}: {path}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flows.demo import run_demo
+    from mmlake.flows.demo import run_demo
 
     return run_demo(lake=args.lake, samples=args.samples)
 

@@ -40,11 +40,10 @@ def _progress(label: str, done: int, total: int) -> None:
 
 def run_demo(lake: str = "./lake", samples: int = 1000, stream: str = "demo") -> int:
     """Run the demo and print its summary; returns the process exit code."""
-    from deltalake import DeltaTable
-
-    from flows.ingest import ingest_stream
-    from ingest import EmbeddedBroker, MultimodalProducer, ensure_topic, synth
-    from ingest.tables import table_uri
+    from mmlake.flows.ingest import ingest_stream
+    from mmlake.ingest import EmbeddedBroker, MultimodalProducer, ensure_topic, synth
+    from mmlake.ingest.tables import dead_letter_reasons, outcome_counts
+    from mmlake.lake import StreamTables, table_uri
 
     for name in (stream, "demo-pairs"):  # demo-pairs: the drift stream of earlier demo versions
         stream_dir = Path(table_uri(lake, name, "raw")).parent
@@ -82,12 +81,9 @@ def run_demo(lake: str = "./lake", samples: int = 1000, stream: str = "demo") ->
         seconds = time.monotonic() - t0
         second = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=broker.bootstrap)
 
-    rows = {}
-    for table in ("raw", "late", "dlq"):
-        dt = DeltaTable(table_uri(lake, stream, table))
-        rows[table] = dt.to_pyarrow_dataset().count_rows()
-    dlq = DeltaTable(table_uri(lake, stream, "dlq")).to_pyarrow_table(columns=["error_code"])
-    reasons = sorted(set(dlq.column("error_code").to_pylist()))
+    tables = StreamTables(lake, stream)
+    rows = outcome_counts(tables)
+    reasons = dead_letter_reasons(tables)
     print()
     print(f"mmlake demo: {sent} records produced ({samples} samples), ingested in {seconds:.1f}s")
     print(f"  accepted={first['accepted']} late={first['late']} duplicates={first['duplicates']} "
@@ -95,32 +91,24 @@ def run_demo(lake: str = "./lake", samples: int = 1000, stream: str = "demo") ->
     print(f"  dead-letter reasons: {', '.join(reasons)}")
     print(f"  second run (exactly-once check): accepted={second['accepted']} late={second['late']} "
           f"dead_lettered={second['dead_lettered']}")
-    from flows.preprocess import backfill_features, preprocess_stream
-    from preprocessing.features import PreprocessSummary
-
-    from flows.preprocess import PROGRESS
+    from mmlake.flows.preprocess import backfill_features, preprocess_stream
+    from mmlake.preprocessing.features import PreprocessSummary
 
     t0 = time.monotonic()
-    PROGRESS.append(lambda done, total: _progress("features", done, total or rows["raw"]))
-    try:
-        features = PreprocessSummary(**preprocess_stream(stream=stream, lake=lake))
-    finally:
-        PROGRESS.clear()
+    features = PreprocessSummary(**preprocess_stream(
+        stream=stream, lake=lake, progress=lambda done, total: _progress("features", done, total or rows["raw"])))
     print(f"  features ({time.monotonic() - t0:.1f}s, including generating the CLIP towers on first use):")
     print(f"    {features.line()}")
     hour = ("2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z")
-    PROGRESS.append(lambda done, total: _progress("backfill", done, total))
-    try:
-        forced = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake, force=True)
-    finally:
-        PROGRESS.clear()
+    forced = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake, force=True,
+                               progress=lambda done, total: _progress("backfill", done, total))
     rerun = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake)
     print(f"  backfill {hour[0]}..{hour[1]}: {forced['rows']} rows recomputed; rerun rewrote {rerun['rows']} "
           f"({rerun['skipped_ranges']} day(s) already up to date)")
     drift = _drift(lake, stream, samples, shuffle_at)
     cache = _cache(lake, stream, alarm=drift["raised"])
 
-    from lineage import default_events_path
+    from mmlake.lineage import default_events_path
 
     events_path = Path(default_events_path(lake))
     events = len(events_path.read_text().splitlines()) if events_path.exists() else 0
@@ -164,16 +152,16 @@ def _drift_settings(samples: int) -> dict[str, int]:
 
 
 def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, Any]:
-    from flows.cli import _drift_line
-    from flows.drift import drift_stream
-    from ingest.engine import format_us
+    from mmlake.flows.drift import drift_stream
+    from mmlake.lake import format_us
+    from mmlake.preprocessing.drift.report import result_line
 
     config = _drift_settings(samples)
     t0 = time.monotonic()
     result = drift_stream(stream=stream, lake=lake, reference=config["reference"], window=config["window"],
                           step=config["step"], warmup=config["warmup"])
     print(f"  drift ({', '.join(f'{k}={v}' for k, v in config.items())}; {time.monotonic() - t0:.1f}s):")
-    print(f"    {_drift_line(dict(result))}")
+    print(f"    {result_line(result)}")
     raised = result["alarms_raised"]
     shuffle_us = START_MS * 1000 + shuffle_at * SPAN_MS * 1000 // samples
     first: dict[str, dict[str, Any]] = {}
@@ -200,22 +188,18 @@ def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
     import threading
 
     import numpy as np
-    import pyarrow.compute as pc
     import torch
     import uvicorn
 
-    from cache import CacheSettings, Hit, SafeCache, SafeCacheClient
-    from cache.server import create_app
-    from flows.cache import cache_warmup
-    from ingest.broker import free_port
-    from ingest.tables import StreamTables
+    from mmlake.cache import CacheSettings, Hit, SafeCache, SafeCacheClient
+    from mmlake.cache.lsh import at_cosine
+    from mmlake.cache.server import create_app
+    from mmlake.flows.cache import cache_warmup
+    from mmlake.ingest.broker import free_port
+    from mmlake.lake import StreamTables
+    from mmlake.preprocessing.features import valid_embeddings
 
-    features = StreamTables(lake, stream).open("features")
-    assert features is not None, "the demo computed features before the cache stage"
-    table = features.to_pyarrow_dataset().to_table(columns=["modality", "event_time", "embedding", "error_code"])
-    table = table.filter(pc.and_(pc.equal(table.column("modality"), "image"), pc.is_null(table.column("error_code"))))
-    table = table.sort_by("event_time")
-    embeddings = np.asarray(table.column("embedding").to_pylist()[:16], dtype=np.float32)
+    embeddings = valid_embeddings(StreamTables(lake, stream), "image", 16)
     token, model = "demo-token", "tiny-lm"
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(SafeCache(CacheSettings()), {token: "demo"}),
@@ -235,7 +219,7 @@ def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
                                             "layer0.v": torch.randn(1, 4, 16, 32, generator=gen)},
                                  source=stream)["id"] for e in embeddings[:12]}
             queries = [("exact", e) for e in embeddings[:4]]
-            queries += [("perturbed", _near(e, 0.99, rng)) for e in embeddings[4:8]]
+            queries += [("perturbed", at_cosine(e, 0.99, rng)) for e in embeddings[4:8]]
             queries += [("other image", e) for e in embeddings[12:16]]
             queries += [("random", np.asarray(rng.standard_normal(embeddings.shape[1]), dtype=np.float32))
                         for _ in range(2)]
@@ -273,14 +257,3 @@ def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
         ok = ok and not warm["drift_alarm"] and warm["invalidated"] == 0 and isinstance(after, Hit)
     return {"ok": ok, "line": line, "after": f"{warm['invalidated']} entries invalidated; a repeated lookup misses"
             if not isinstance(after, Hit) else "entries still served (no drift alarm)"}
-
-
-def _near(e: Any, cosine: float, rng: Any) -> Any:
-    """A vector at the given cosine from ``e``."""
-    import numpy as np
-
-    u = e / np.linalg.norm(e)
-    noise = rng.standard_normal(u.shape)
-    noise -= (noise @ u) * u
-    noise /= np.linalg.norm(noise)
-    return (cosine * u + np.sqrt(1 - cosine ** 2) * noise).astype(np.float32)

@@ -29,7 +29,7 @@ def ingest_deployment(
     One run at a time per deployment (``concurrency_limit=1``, later runs wait): a slow micro-batch
     run is never doubled. Overlap would still be safe (Delta's txn check), only wasted work.
     """
-    from flows.ingest import ingest_stream
+    from mmlake.flows.ingest import ingest_stream
 
     return _scheduled(ingest_stream, f"ingest-{stream}", interval_s,
                       {"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap}, "ingest",
@@ -39,8 +39,9 @@ def ingest_deployment(
 def _scheduled(flow: Any, name: str, interval_s: int, parameters: dict[str, Any], tag: str,
                description: str) -> Any:
     """``flow`` as a deployment every ``interval_s`` seconds, one run at a time (``concurrency_limit=1``,
-    ENQUEUE: a later run waits, a slow run is never doubled), loaded by module path: loaded as a file,
-    flows/ingest.py would be a module named "ingest" and shadow the ingest package it imports."""
+    ENQUEUE: a later run waits, a slow run is never doubled). The entrypoint is the flow's module path
+    in the installed package (``mmlake.flows.ingest.ingest_stream``), so a worker needs the package
+    installed, not the repository checked out."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.deployments.runner import EntrypointType
 
@@ -55,34 +56,12 @@ def _scheduled(flow: Any, name: str, interval_s: int, parameters: dict[str, Any]
     )
 
 
-PIPELINE_STAGES = ("ingest", "preprocess", "drift")
-
-
-def parse_stages(stages: str | list[str] | None, allowed: tuple[str, ...], what: str) -> list[str]:
-    """``stages`` (comma-separated or a list; None: all) in ``allowed``'s order; an unknown one is an
-    :class:`InputError` naming the choices. (Here, not beside the flows: the CLI checks stages before
-    Prefect is imported and its API chosen.)"""
-    from ingest.errors import InputError
-
-    items = stages.split(",") if isinstance(stages, str) else list(stages or allowed)
-    chosen = [s.strip() for s in items if s.strip()]
-    unknown = sorted(set(chosen) - set(allowed))
-    if unknown or not chosen:
-        raise InputError(f"unknown {what} stage(s) {', '.join(unknown) or '(none given)'}: "
-                         f"choose from {', '.join(allowed)}")
-    return [s for s in allowed if s in chosen]
-
-
-def parse_pipeline_stages(stages: str | list[str] | None) -> list[str]:
-    return parse_stages(stages, PIPELINE_STAGES, "pipeline")
-
-
 def pipeline_deployment(topic: str, stream: str, *, lake: str | None = None, bootstrap: str | None = None,
                         partitions: list[int] | None = None, stages: str = "ingest,preprocess,drift",
                         interval_s: int = 60) -> Any:
     """The stream's pipeline (ingest, then preprocess, then drift) every ``interval_s`` seconds, one run
     at a time (a slow run is never doubled: the next one waits)."""
-    from flows.pipeline import stream_pipeline
+    from mmlake.flows.pipeline import stream_pipeline
 
     suffix = "" if partitions is None else "-p" + "-".join(str(p) for p in sorted(partitions))
     return _scheduled(stream_pipeline, f"pipeline-{stream}{suffix}", interval_s,
@@ -94,7 +73,7 @@ def pipeline_deployment(topic: str, stream: str, *, lake: str | None = None, boo
 def cache_warmup_deployment(stream: str, *, lake: str | None = None, interval_s: int = 300,
                             cache_url: str | None = None, token: str | None = None) -> Any:
     """The cache warm-up of ``stream`` every ``interval_s`` seconds, one run at a time."""
-    from flows.cache import cache_warmup
+    from mmlake.flows.cache import cache_warmup
 
     return _scheduled(cache_warmup, f"cache-warmup-{stream}", interval_s,
                       {"stream": stream, "lake": lake, "cache_url": cache_url, "token": token}, "cache",
@@ -139,7 +118,7 @@ def local_prefect_server(timeout_s: float = 120.0) -> Iterator[str | None]:
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    from ingest.broker import free_port
+    from mmlake.ingest.broker import free_port
 
     port = free_port()
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}

@@ -1,42 +1,29 @@
 """The ingest flow: one Kafka topic into one stream's Delta tables, as a Prefect flow run.
 
-The flow is thin: the work is :func:`ingest.run_ingest`, which is exactly-once, so Prefect's task
-retries on transient broker errors are safe (a retry resumes from the offsets in the Delta log).
+The flow is thin: the work is :func:`mmlake.ingest.run_ingest`, which is exactly-once, so Prefect's
+task retries on transient broker errors are safe (a retry resumes from the offsets in the Delta log).
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
 
-from ingest import BrokerUnavailableError, CommitConflictError, IngestSettings, IngestSummary, run_ingest
-from lineage import LineageEmitter
-from lineage.datasets import delta_output, kafka_input
-
-
-#: Set by the CLI's signal handler: a following run finishes its current micro-batch and returns.
-STOP = threading.Event()
-
-
-def _is_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a failed ingest task only for faults that a later attempt can get past."""
-    try:
-        state.result()
-    except (BrokerUnavailableError, CommitConflictError):
-        return True
-    except Exception:
-        return False
-    return False
+from mmlake.flows.retry import ingest_is_transient
+from mmlake.ingest import IngestSettings, IngestSummary, run_ingest
+from mmlake.lineage import LineageEmitter
+from mmlake.lineage.datasets import kafka_input, table_outputs
 
 
 @task(
     name="ingest-micro-batches",
     retries=3,
     retry_delay_seconds=[2, 5, 15],
-    retry_condition_fn=_is_transient,
+    retry_condition_fn=ingest_is_transient,
+    cache_policy=NO_CACHE,  # takes a cancel event; results are never reused anyway
 )
 def ingest_task(
     topic: str,
@@ -46,50 +33,27 @@ def ingest_task(
     follow: bool,
     max_records: int | None,
     lineage_parent: tuple[str, str] | None = None,
+    cancel: Any = None,
 ) -> IngestSummary:
     from prefect.runtime import task_run
 
     logger = get_run_logger()
-    emitter = LineageEmitter(settings.lake)
     job = f"{lineage_parent[0]}.ingest-micro-batches" if lineage_parent else f"ingest-stream.{stream}.task"
-    run_id = str(task_run.id)
-    processing = "STREAMING" if follow else "BATCH"
     inputs = [kafka_input(settings.kafka_bootstrap, topic)]
-    emitter.emit("START", job, run_id, job_type="TASK", processing=processing, parent=lineage_parent, inputs=inputs)
-
-    def report(summary: IngestSummary) -> None:
-        logger.info(summary.line())
-
-    try:
-        summary = run_ingest(
-            topic,
-            stream,
-            settings,
-            partitions=partitions,
-            follow=follow,
-            max_records=max_records,
-            on_batch=report,
-            stop=STOP,
-        )
-    except BaseException as err:
-        emitter.emit("FAIL", job, run_id, job_type="TASK", processing=processing, parent=lineage_parent,
-                     inputs=inputs, error=err)
-        raise
-    emitter.emit("COMPLETE", job, run_id, job_type="TASK", processing=processing, parent=lineage_parent,
-                 inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
-                 outputs=stream_outputs(settings, stream, summary))
+    with LineageEmitter(settings.lake).run(job, str(task_run.id), job_type="TASK", parent=lineage_parent,
+                                           processing="STREAMING" if follow else "BATCH", inputs=inputs) as run:
+        summary = run_ingest(topic, stream, settings, partitions=partitions, follow=follow,
+                             max_records=max_records, stop=cancel, on_batch=lambda s: logger.info(s.line()))
+        run.complete(inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
+                     outputs=stream_outputs(settings, stream, summary))
     return summary
 
 
 def stream_outputs(settings: IngestSettings, stream: str, summary: IngestSummary | None) -> list[Any]:
     """raw, late and dlq as OpenLineage outputs at their current Delta versions."""
-    from ingest.tables import StreamTables
-
-    tables = StreamTables(settings.lake, stream, dict(settings.storage_options))
     rows = {"raw": summary.accepted, "late": summary.late, "dlq": summary.dead_lettered} if summary else {}
-    size = summary.payload_bytes if summary else None
-    return [delta_output(tables.uri(name), tables.open(name), rows.get(name), size if name == "raw" else None)
-            for name in ("raw", "late", "dlq")]
+    sizes = {"raw": summary.payload_bytes} if summary else {}
+    return table_outputs(settings.tables(stream), ("raw", "late", "dlq"), rows, sizes)
 
 
 @flow(name="ingest-stream", log_prints=False)
@@ -102,30 +66,28 @@ def ingest_stream(
     follow: bool = False,
     max_records: int | None = None,
     allowed_lateness_s: float | None = None,
+    cancel: Any = None,
 ) -> dict[str, Any]:
     """Ingest what ``topic`` holds now (or keep following it) into ``<lake>/<stream>``.
 
-    Unset parameters come from the ``MMLAKE_...`` environment (see docs/configuration.md).
-    Returns the run summary as a dict (accepted, late, duplicates, dead_lettered, offsets, ...).
+    Unset parameters come from the ``MMLAKE_...`` environment (see docs/configuration.md). ``cancel``
+    (a ``threading.Event``, in-process runs only): once set, a following run finishes its current
+    micro-batch and returns. Returns the run summary as a dict (accepted, late, duplicates,
+    dead_lettered, offsets, ...).
     """
     from prefect.runtime import flow_run
 
     settings = IngestSettings().with_overrides(
         lake=lake, kafka_bootstrap=bootstrap, allowed_lateness_s=allowed_lateness_s
     )
-    emitter = LineageEmitter(settings.lake)
-    job, run_id = f"ingest-stream.{stream}", str(flow_run.id)
-    processing = "STREAMING" if follow else "BATCH"
+    job = f"ingest-stream.{stream}"
     inputs = [kafka_input(settings.kafka_bootstrap, topic)]
-    emitter.emit("START", job, run_id, processing=processing, inputs=inputs)
-    try:
-        summary = ingest_task(topic, stream, settings, partitions, follow, max_records, (job, run_id))
-    except BaseException as err:
-        emitter.emit("FAIL", job, run_id, processing=processing, inputs=inputs, error=err)
-        raise
-    emitter.emit("COMPLETE", job, run_id, processing=processing,
-                 inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
-                 outputs=stream_outputs(settings, stream, summary))
+    with LineageEmitter(settings.lake).run(job, str(flow_run.id), processing="STREAMING" if follow else "BATCH",
+                                           inputs=inputs) as run:
+        summary = ingest_task(topic, stream, settings, partitions, follow, max_records, (job, str(flow_run.id)),
+                              cancel)
+        run.complete(inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
+                     outputs=stream_outputs(settings, stream, summary))
     create_markdown_artifact(
         key=f"ingest-{stream}".lower().replace("_", "-"),
         markdown=_summary_markdown(summary),

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.deployments import parse_pipeline_stages as parse_stages
+from mmlake.flows.stages import parse_pipeline_stages
 
 
 @flow(name="stream-pipeline", flow_run_name="pipeline {stream}", log_prints=False)
@@ -17,36 +17,27 @@ def stream_pipeline(topic: str, stream: str, lake: str | None = None, bootstrap:
     complete. Every stage is incremental and exactly-once, so a run that finds nothing new writes nothing."""
     from prefect.runtime import flow_run
 
-    from flows.drift import drift_stream
-    from flows.ingest import ingest_stream
-    from flows.preprocess import preprocess_stream
-    from ingest.settings import IngestSettings
-    from ingest.tables import StreamTables
-    from lineage import LineageEmitter
-    from lineage.datasets import delta_output, kafka_input
+    from mmlake.flows.drift import drift_stream
+    from mmlake.flows.ingest import ingest_stream
+    from mmlake.flows.preprocess import preprocess_stream
+    from mmlake.ingest.settings import IngestSettings
+    from mmlake.lineage import LineageEmitter
+    from mmlake.lineage.datasets import kafka_input, table_outputs
 
-    chosen = parse_stages(stages)
+    chosen = parse_pipeline_stages(stages)
     settings = IngestSettings().with_overrides(lake=lake, kafka_bootstrap=bootstrap)
-    tables = StreamTables(settings.lake, stream, dict(settings.storage_options))
-    emitter = LineageEmitter(settings.lake)
-    job, run_id = f"stream-pipeline.{stream}", str(flow_run.id)
+    tables = settings.tables(stream)
     inputs = [kafka_input(settings.kafka_bootstrap, topic)] if "ingest" in chosen else []
-    emitter.emit("START", job, run_id, inputs=inputs)
     out: dict[str, Any] = {"stream": stream, "stages": chosen}
-    try:
+    with LineageEmitter(settings.lake).run(f"stream-pipeline.{stream}", str(flow_run.id), inputs=inputs) as run:
         if "ingest" in chosen:
             out["ingest"] = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=bootstrap,
                                           partitions=partitions)
         if "preprocess" in chosen:
-            out["preprocess"] = (preprocess_stream(stream=stream, lake=lake) if tables.open("raw") is not None
+            out["preprocess"] = (preprocess_stream(stream=stream, lake=lake) if tables.exists("raw")
                                  else {"status": "no raw table yet"})
         if "drift" in chosen:
-            out["drift"] = (drift_stream(stream=stream, lake=lake) if tables.open("features") is not None
+            out["drift"] = (drift_stream(stream=stream, lake=lake) if tables.exists("features")
                             else {"status": "no features table yet"})
-    except BaseException as err:
-        emitter.emit("FAIL", job, run_id, inputs=inputs, error=err)
-        raise
-    outputs = [delta_output(tables.uri(t), dt) for t in ("raw", "features", "drift")
-               if (dt := tables.open(t)) is not None]
-    emitter.emit("COMPLETE", job, run_id, inputs=inputs, outputs=outputs)
+        run.complete(outputs=table_outputs(tables, ("raw", "features", "drift"), existing_only=True))
     return out

@@ -1,38 +1,29 @@
 """Kafka -> Delta Lake ingest: wire format, embedded broker, exactly-once micro-batches, ordered reads.
 
+Table locations (``StreamTables``) and the exactly-once commit are :mod:`mmlake.lake`'s.
+
 Importing this package does no I/O; the heavy clients load when a function that needs them runs.
 """
 
 from __future__ import annotations
 
-from ingest.broker import EmbeddedBroker, wait_for_kafka
-from ingest.engine import IngestRun, IngestSummary, run_ingest
-from ingest.errors import (
-    BrokerStartError,
-    BrokerUnavailableError,
-    CommitConflictError,
-    IngestError,
-    InputError,
-    TopicNotFoundError,
-)
-from ingest.maintenance import compact
-from ingest.producer import MultimodalProducer, ensure_topic, produce_path
-from ingest.reader import read_stream, read_table
-from ingest.settings import IngestSettings
-from ingest.tables import StreamTables, table_uri
+from mmlake.ingest.broker import EmbeddedBroker, wait_for_kafka
+from mmlake.ingest.engine import IngestRun, IngestSummary, run_ingest
+from mmlake.ingest.errors import BrokerStartError, BrokerUnavailableError, IngestError, TopicNotFoundError
+from mmlake.ingest.maintenance import compact
+from mmlake.ingest.producer import MultimodalProducer, ensure_topic, produce_path
+from mmlake.ingest.reader import read_stream, read_table
+from mmlake.ingest.settings import IngestSettings
 
 __all__ = [
     "BrokerStartError",
     "BrokerUnavailableError",
-    "CommitConflictError",
     "EmbeddedBroker",
     "IngestError",
     "IngestRun",
     "IngestSettings",
     "IngestSummary",
-    "InputError",
     "MultimodalProducer",
-    "StreamTables",
     "TopicNotFoundError",
     "compact",
     "ensure_topic",
@@ -40,6 +31,5 @@ __all__ = [
     "read_stream",
     "read_table",
     "run_ingest",
-    "table_uri",
     "wait_for_kafka",
 ]

@@ -15,7 +15,7 @@ import tempfile
 import time
 from types import TracebackType
 
-from ingest.errors import BrokerStartError, BrokerUnavailableError
+from mmlake.ingest.errors import BrokerStartError, BrokerUnavailableError
 
 
 def free_port(host: str = "127.0.0.1") -> int:

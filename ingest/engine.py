@@ -10,11 +10,10 @@ How a micro-batch is made exactly-once (after kafka-delta-ingest):
   table only the records past that table's own offset. Routing a record depends only on its own bytes
   and on the records before it in its partition, never on batch boundaries, so a replay after a crash
   routes every record as the first attempt did: nothing is written twice, nothing is lost.
-* A commit carries the ``DeltaTable`` snapshot its offsets were read from. When another writer has
-  committed offsets for the same partition since then, Delta refuses the commit (concurrent
-  transaction); when such a commit is already inside the snapshot (delta-rs refreshes it after each
-  commit), the offsets it holds no longer match ours and we refuse it ourselves. Either way the batch
-  is dropped, the state reloaded and the records read again.
+* Each commit is :func:`mmlake.lake.commit`, planned from the ``DeltaTable`` snapshot its offsets
+  were read from: when another writer has committed offsets for the same partition since then (or
+  such a commit is already inside the snapshot), it is refused. The batch is then dropped, the state
+  reloaded and the records read again.
 
 Event time: each partition's watermark is the max event time of its accepted records minus the
 allowed lateness (as per-partition watermarks in Flink's Kafka source). A record behind its
@@ -29,22 +28,22 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ingest import wire
-from ingest._faults import crash_point
-from ingest.errors import CommitConflictError
-from ingest.settings import IngestSettings
-from ingest.source import KafkaSource
-from ingest.tables import HEADERS_TYPE, TABLES, UTC_US, StreamTables
+from mmlake import lake
+from mmlake.errors import CommitConflictError, CommitRaceLost
+from mmlake.ingest import tables as ingest_tables
+from mmlake.ingest import wire
+from mmlake.ingest._faults import crash_point
+from mmlake.ingest.settings import IngestSettings
+from mmlake.ingest.source import KafkaSource
+from mmlake.ingest.tables import HEADERS_TYPE, TABLES
+from mmlake.lake import UTC_US, format_us
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
-
-_US_PER_DAY = 86_400_000_000
 
 
 def offset_app_id(topic: str, partition: int) -> str:
@@ -55,12 +54,6 @@ def offset_app_id(topic: str, partition: int) -> str:
 def max_event_app_id(topic: str, partition: int) -> str:
     """The Delta ``txn`` app id whose version is a partition's max event time (UTC epoch us)."""
     return f"mmlake-ingest/{topic}/{partition}/max-event-time-us"
-
-
-def format_us(us: int | None) -> str:
-    if us is None:
-        return "-"
-    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -100,10 +93,6 @@ class IngestSummary:
         return out
 
 
-class _StaleOffsets(Exception):
-    """Another writer's commit is already in our snapshot: our offsets are out of date."""
-
-
 @dataclass
 class _Batch:
     rows: dict[str, _Columns]
@@ -136,7 +125,7 @@ class IngestRun:
         self.max_records = max_records
         self.stop = stop or threading.Event()
         self.on_batch = on_batch
-        self.tables = StreamTables(self.settings.lake, stream, dict(self.settings.storage_options))
+        self.tables = self.settings.tables(stream)
         self.lateness_us = int(self.settings.allowed_lateness_s * 1_000_000)
         self.summary = IngestSummary(stream=stream, topic=topic)
         self._dts: dict[str, DeltaTable] = {}
@@ -148,16 +137,15 @@ class IngestRun:
 
     def _load_state(self, all_partitions: list[int], assigned: list[int]) -> dict[int, int]:
         """Read offsets and watermark state from the Delta log; return where each partition resumes."""
-        self._dts = {name: self.tables.ensure(name) for name in TABLES}
+        self._dts = {name: ingest_tables.ensure(self.tables, name) for name in TABLES}
         self._committed = {}
         table_max: dict[str, dict[int, int | None]] = {}
         for name, dt in self._dts.items():
             self._committed[name] = {}
             table_max[name] = {}
             for p in all_partitions:
-                off = dt.transaction_version(offset_app_id(self.topic, p))
-                self._committed[name][p] = -1 if off is None else int(off)
-                mx = dt.transaction_version(max_event_app_id(self.topic, p))
+                self._committed[name][p] = lake.txn_version(dt, offset_app_id(self.topic, p))
+                mx = dt.transaction_version(max_event_app_id(self.topic, p))  # may be < 0 (before 1970)
                 table_max[name][p] = None if mx is None else int(mx)
         resume: dict[int, int] = {}
         self._max_event = {}
@@ -183,9 +171,9 @@ class IngestRun:
         expr = None
         if cutoff is not None:
             cut = pa.scalar(cutoff, UTC_US)
-            day = pa.scalar(cutoff // _US_PER_DAY, pa.date32())
+            day = pa.scalar(lake.day_of(cutoff), pa.date32())
             expr = (ds.field("event_date") >= day) & (ds.field("event_time") >= cut)
-        table = dt.to_pyarrow_dataset().to_table(columns=["record_id", "event_time"], filter=expr)
+        table = lake.scan(dt, ["record_id", "event_time"], expr)
         ids = table.column("record_id").to_pylist()
         times = table.column("event_time").cast(pa.int64()).to_pylist()
         self._seen = dict(zip(ids, times))
@@ -237,7 +225,7 @@ class IngestRun:
         return _Batch(rows, last, first, duplicates, new_ids)
 
     def _commit(self, batch: _Batch) -> None:
-        """Commit the batch to dlq, late and raw, each with its offsets; raises CommitFailedError."""
+        """Commit the batch to dlq, late and raw, each with its offsets; raises CommitRaceLost."""
         for name in TABLES:
             if not self._must_commit(name, batch):
                 continue
@@ -258,26 +246,18 @@ class IngestRun:
             span[1] = last
 
     def _append(self, table: str, data: pa.Table, last_offset: dict[int, int]) -> bool:
-        """One Delta commit to ``table``: ``data`` plus the txn actions moving its offsets (and
+        """One exactly-once commit to ``table``: ``data`` plus the txn actions moving its offsets (and
         watermark state) to ``last_offset``. False when the table already holds those offsets.
-        Raises CommitFailedError or _StaleOffsets when another writer got there first."""
-        from deltalake import CommitProperties, write_deltalake
-
-        self._check_snapshot(table, last_offset)
+        Raises CommitRaceLost when another writer got there first."""
+        expect = {offset_app_id(self.topic, p): self._committed[table][p] for p in last_offset}
         txns = self._offset_txns(table, last_offset)
-        if not txns:
+        if txns:
+            crash_point(f"before_commit:{table}")
+        done = lake.commit(self._dts[table], data, txns=txns, expect=expect,
+                           metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
+                           partition_by=TABLES[table][1])
+        if not done:
             return False
-        crash_point(f"before_commit:{table}")
-        write_deltalake(
-            self._dts[table],
-            data,
-            mode="append",
-            partition_by=TABLES[table][1] or None,
-            commit_properties=CommitProperties(
-                app_transactions=txns,
-                custom_metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
-            ),
-        )
         crash_point(f"after_commit:{table}")
         for p, last in last_offset.items():
             self._committed[table][p] = max(self._committed[table][p], last)
@@ -290,27 +270,23 @@ class IngestRun:
         lag = max(last - self._committed[table][p] for p, last in batch.last_offset.items())
         return lag > self.settings.side_table_lag_records
 
-    def _offset_txns(self, table: str, last_offset: dict[int, int]) -> list[Any]:
-        """The txn actions that move ``table``'s offsets (and watermark state) to ``last_offset``."""
-        from deltalake import Transaction
-
-        txns = []
+    def _offset_txns(self, table: str, last_offset: dict[int, int]) -> dict[str, int]:
+        """The txn versions that move ``table``'s offsets (and watermark state) to ``last_offset``."""
+        txns: dict[str, int] = {}
         for p, last in last_offset.items():
             if last <= self._committed[table][p]:
                 continue
-            txns.append(Transaction(offset_app_id(self.topic, p), last))
+            txns[offset_app_id(self.topic, p)] = last
             mx = self._max_event.get(p)
             if mx is not None:
-                txns.append(Transaction(max_event_app_id(self.topic, p), mx))
+                txns[max_event_app_id(self.topic, p)] = mx
         return txns
 
     def _finish(self, assigned: Iterable[int]) -> None:
         """Flush side-table offsets; losing that race to another writer is harmless (it flushes)."""
-        from deltalake.exceptions import CommitFailedError
-
         try:
             self._flush_side_offsets(assigned)
-        except (CommitFailedError, _StaleOffsets):
+        except CommitRaceLost:
             pass
 
     def _flush_side_offsets(self, assigned: Iterable[int]) -> None:
@@ -321,19 +297,6 @@ class IngestRun:
             behind = {p: raw[p] for p in assigned if raw[p] > self._committed[table][p]}
             if behind:
                 self._append(table, TABLES[table][0].empty_table(), behind)
-
-    def _check_snapshot(self, table: str, partitions: Iterable[int]) -> None:
-        """Refuse to commit from offsets that the table snapshot no longer holds.
-
-        After a commit, delta-rs moves the ``DeltaTable`` to the newest version, which may include
-        another writer's commits: Delta's conflict check only looks at commits after the snapshot,
-        so a rival's progress already inside it must be caught here.
-        """
-        dt = self._dts[table]
-        for p in partitions:
-            current = dt.transaction_version(offset_app_id(self.topic, p))
-            if (-1 if current is None else int(current)) != self._committed[table][p]:
-                raise _StaleOffsets(table)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -356,8 +319,6 @@ class IngestRun:
     def _loop(self, source: KafkaSource, assigned: list[int], all_partitions: list[int]) -> None:
         """Fetch, route and commit micro-batches. The next batch is fetched while this one is routed
         and committed; the source is touched by one fetch at a time."""
-        from deltalake.exceptions import CommitFailedError
-
         settings = self.settings
         read = 0
 
@@ -388,7 +349,7 @@ class IngestRun:
                 batch = self._route(records)
                 try:
                     self._commit(batch)
-                except (CommitFailedError, _StaleOffsets):
+                except CommitRaceLost:
                     _drain(pending)
                     pending = None
                     self.summary.conflicts += 1
@@ -472,7 +433,7 @@ class _Columns:
         d["payload"].append(payload)
         d["payload_sha256"].append(acc.payload_sha256)
         d["size_bytes"].append(len(payload))
-        d["event_date"].append(acc.event_time_us // _US_PER_DAY)
+        d["event_date"].append(lake.day_of(acc.event_time_us))
         self.add_kafka(topic, rec, now_us)
 
     def add_rejected(self, topic: str, rec: Any, rej: wire.Rejected, now_us: int) -> None:

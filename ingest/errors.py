@@ -1,4 +1,8 @@
-"""Errors of the ingest package. Each also inherits the built-in it resembles."""
+"""Errors of the ingest package. Each also inherits the built-in it resembles.
+
+Bad input and lost commit races are the shared :class:`mmlake.errors.InputError` and
+:class:`mmlake.errors.CommitConflictError`.
+"""
 
 from __future__ import annotations
 
@@ -19,11 +23,3 @@ class BrokerStartError(IngestError, RuntimeError):
 
 class TopicNotFoundError(IngestError, LookupError):
     """The topic does not exist on the cluster."""
-
-
-class CommitConflictError(IngestError, RuntimeError):
-    """Another writer kept winning the Delta commit race after every retry."""
-
-
-class InputError(IngestError, ValueError):
-    """A user-supplied file, manifest or argument is unusable."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.tables import StreamTables
+from mmlake.lake import StreamTables
 
 
 def compact(

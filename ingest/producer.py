@@ -10,9 +10,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ingest import wire
-from ingest.broker import wait_for_kafka
-from ingest.errors import BrokerUnavailableError, InputError
+from mmlake.ingest import wire
+from mmlake.ingest.broker import wait_for_kafka
+from mmlake.errors import InputError
+from mmlake.ingest.errors import BrokerUnavailableError
 
 EXTENSION_MODALITY = {
     ".png": "image",

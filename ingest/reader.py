@@ -8,26 +8,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest import wire
-from ingest.errors import InputError
-from ingest.tables import UTC_US, StreamTables
-
-_US_PER_DAY = 86_400_000_000
+from mmlake.errors import InputError
+from mmlake.lake import UTC_US, StreamTables, day_of, to_epoch_us
 _ORDER = ["event_time", "kafka_partition", "kafka_offset"]
-
-
-def to_epoch_us(value: datetime | str | int | None) -> int | None:
-    """A bound as UTC epoch microseconds: an aware datetime, RFC 3339 text or epoch milliseconds."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise InputError("time bounds need a timezone (naive datetimes are ambiguous)")
-        return wire.parse_event_time(value.isoformat())
-    try:
-        return wire.parse_event_time(str(value))
-    except ValueError as err:
-        raise InputError(f"bad time bound: {err}") from None
 
 
 def _file_ranges(dt: object) -> list[tuple[int, int]]:
@@ -90,8 +73,8 @@ def read_stream(
                 & (ds.field("event_time") < pa.scalar(upper, UTC_US))
             )
             if "event_date" in dataset.schema.names:
-                expr &= (ds.field("event_date") >= pa.scalar(cursor // _US_PER_DAY, pa.date32())) & (
-                    ds.field("event_date") <= pa.scalar((upper - 1) // _US_PER_DAY, pa.date32())
+                expr &= (ds.field("event_date") >= pa.scalar(day_of(cursor), pa.date32())) & (
+                    ds.field("event_date") <= pa.scalar(day_of(upper - 1), pa.date32())
                 )
             part = dataset.to_table(columns=read_cols, filter=expr)
             if part.num_rows:

@@ -6,27 +6,17 @@ environment, which overrides the defaults.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mmlake.settings import LakeSettings
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
-class IngestSettings(BaseSettings):
-    """Settings of Kafka-to-Delta ingest. Every field is bound to ``MMLAKE_<FIELD NAME>``."""
+class IngestSettings(LakeSettings):
+    """Settings of Kafka-to-Delta ingest (and the lake it writes). Every field is bound to
+    ``MMLAKE_<FIELD NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="MMLAKE_", extra="ignore", frozen=True)
-
-    lake: str = Field(
-        "./lake",
-        description="Lake root: a local path or an object-store URI (s3://, gs://, az://).",
-    )
-    storage_options: dict[str, str] = Field(
-        default_factory=dict,
-        description="deltalake storage_options for an object-store lake, as a JSON object.",
-    )
     kafka_bootstrap: str = Field(
         DEFAULT_BOOTSTRAP,
         description="Kafka bootstrap servers, comma separated (`mmlake broker` listens here by default).",
@@ -68,11 +58,3 @@ class IngestSettings(BaseSettings):
         gt=0,
         description="In --follow mode, how long to wait for new records before committing what is buffered.",
     )
-
-    def with_overrides(self, **overrides: Any) -> IngestSettings:
-        """Return a copy with the given fields replaced; ``None`` values are ignored."""
-        values = {k: v for k, v in overrides.items() if v is not None}
-        if not values:
-            return self
-        # model_validate checks the new values without reading the environment again.
-        return type(self).model_validate({**self.model_dump(), **values})

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ingest.broker import wait_for_kafka
-from ingest.errors import BrokerUnavailableError, TopicNotFoundError
+from mmlake.ingest.broker import wait_for_kafka
+from mmlake.ingest.errors import BrokerUnavailableError, TopicNotFoundError
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer

@@ -1,17 +1,18 @@
-"""The Delta tables of one stream: where they live and their Arrow schemas."""
+"""The Arrow schemas of the tables ingest writes: ``raw``, ``late`` and ``dlq``."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from mmlake.lake import UTC_US
+
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-UTC_US = pa.timestamp("us", tz="UTC")
+    from mmlake.lake import StreamTables
+
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 RAW_SCHEMA = pa.schema(
@@ -59,54 +60,25 @@ TABLES: dict[str, tuple[pa.Schema, list[str]]] = {
 }
 
 
-def table_uri(lake: str, stream: str, table: str) -> str:
-    """Location of ``<lake>/<stream>/<table>``; a local lake path is made absolute."""
-    if "://" not in lake:
-        lake = os.path.abspath(lake)
-    return f"{lake.rstrip('/')}/{stream}/{table}"
+def ensure(tables: StreamTables, name: str) -> DeltaTable:
+    """Open ``raw``, ``late`` or ``dlq`` of a stream, creating it empty (schema, partitioning) if missing."""
+    schema, partitions = TABLES[name]
+    return tables.ensure(name, schema, partitions)
 
 
-@dataclass(frozen=True)
-class StreamTables:
-    """The locations of one stream's tables and the storage options to open them with."""
+def outcome_counts(tables: StreamTables) -> dict[str, int]:
+    """Rows in each of the stream's ``raw``, ``late`` and ``dlq`` tables (0 for a missing table)."""
+    counts = {}
+    for name in ("raw", "late", "dlq"):
+        dt = tables.open(name)
+        counts[name] = 0 if dt is None else dt.to_pyarrow_dataset().count_rows()
+    return counts
 
-    lake: str
-    stream: str
-    storage_options: dict[str, str] = field(default_factory=dict)
 
-    def uri(self, table: str) -> str:
-        return table_uri(self.lake, self.stream, table)
-
-    def open(self, table: str) -> DeltaTable | None:
-        """The table at its latest version, or None if it does not exist yet."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            return DeltaTable(self.uri(table), storage_options=self.storage_options or None)
-        except TableNotFoundError:
-            return None
-
-    def ensure(self, table: str) -> DeltaTable:
-        """Open the table, creating it empty (with its schema and partitioning) if it is missing."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import DeltaError
-
-        existing = self.open(table)
-        if existing is not None:
-            return existing
-        schema, partitions = TABLES[table]
-        try:
-            return DeltaTable.create(
-                self.uri(table),
-                schema,
-                mode="ignore",  # a concurrent creator may win; then we open theirs
-                partition_by=partitions or None,
-                storage_options=self.storage_options or None,
-                name=f"{self.stream}.{table}",
-            )
-        except DeltaError:
-            found = self.open(table)
-            if found is None:
-                raise
-            return found
+def dead_letter_reasons(tables: StreamTables) -> list[str]:
+    """The distinct ``error_code`` values of the stream's dead-letter table, sorted."""
+    dt = tables.open("dlq")
+    if dt is None:
+        return []
+    codes = dt.to_pyarrow_dataset().to_table(columns=["error_code"]).column("error_code").to_pylist()
+    return sorted(set(codes))

@@ -10,9 +10,10 @@ import hashlib
 import io
 import struct
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from enum import Enum
 from typing import NamedTuple
+
+from mmlake.lake import parse_event_time
 
 HEADER_EVENT_TIME = "mm-event-time"
 HEADER_MODALITY = "mm-modality"
@@ -56,32 +57,6 @@ class Rejected(NamedTuple):
 
     reason: Reason
     message: str
-
-
-def parse_event_time(text: str) -> int:
-    """Parse ``mm-event-time`` into UTC epoch microseconds.
-
-    Accepts an integer of epoch milliseconds or an RFC 3339 timestamp with a UTC offset (``Z`` or
-    ``+hh:mm``). Raises ``ValueError`` with a one-line message otherwise.
-
-    >>> parse_event_time("1700000000000")
-    1700000000000000
-    >>> parse_event_time("2023-11-14T22:13:20.5+00:00")
-    1700000000500000
-    """
-    text = text.strip()
-    if not text:
-        raise ValueError("empty")
-    if text.lstrip("-").isdigit():
-        return int(text) * 1000
-    try:
-        parsed = datetime.fromisoformat(text.upper())  # RFC 3339 allows a lower-case t and z
-    except ValueError:
-        raise ValueError(f"not RFC 3339 or epoch milliseconds: {text!r}") from None
-    if parsed.tzinfo is None or "T" not in text.upper():
-        raise ValueError(f"RFC 3339 needs a date, a time and a UTC offset: {text!r}")
-    delta = parsed - datetime(1970, 1, 1, tzinfo=timezone.utc)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def default_record_id(modality: str, event_time_us: int, payload: bytes) -> str:

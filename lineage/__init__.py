@@ -1,13 +1,12 @@
 """OpenLineage emission (naming, facets, transports) and the local lineage query.
 
-See ../shared/design/ARCHITECTURE.md, "Lineage", and docs/lineage.md. Importing this package loads
-nothing heavy and emits nothing.
+See docs/lineage.md. Importing this package loads nothing heavy and emits nothing.
 """
 
 from __future__ import annotations
 
-from lineage.emitter import LineageEmitter, LineageSettings, default_events_path, static_run_id
-from lineage.naming import kafka_dataset, storage_dataset
+from mmlake.lineage.emitter import LineageEmitter, LineageSettings, default_events_path, static_run_id
+from mmlake.lineage.naming import kafka_dataset, storage_dataset
 
 __all__ = [
     "LineageEmitter",

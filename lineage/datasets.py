@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lineage.naming import kafka_dataset, storage_dataset
+from mmlake.lake import StreamTables
+from mmlake.lineage.naming import kafka_dataset, storage_dataset
 
 
 def kafka_input(bootstrap: str, topic: str, summary: Any | None = None) -> Any:
@@ -12,7 +14,7 @@ def kafka_input(bootstrap: str, topic: str, summary: Any | None = None) -> Any:
     from openlineage.client.event_v2 import InputDataset
     from openlineage.client.facet_v2 import data_quality_metrics_input_dataset as dq
 
-    from lineage.facets import MmlakeKafkaInputDatasetFacet
+    from mmlake.lineage.facets import MmlakeKafkaInputDatasetFacet
 
     namespace, name = kafka_dataset(bootstrap, topic)
     facets: dict[str, Any] = {}
@@ -59,3 +61,39 @@ def delta_input(uri: str, dt: Any | None) -> Any:
 
     namespace, name = storage_dataset(uri)
     return InputDataset(namespace=namespace, name=name, facets=_table_facets(dt) if dt is not None else {})
+
+
+def table_outputs(tables: StreamTables, names: Iterable[str], rows: Mapping[str, int] | None = None,
+                  sizes: Mapping[str, int] | None = None, *, existing_only: bool = False) -> list[Any]:
+    """Tables of a stream as outputs at their current versions, with the rows (and bytes) the run
+    wrote to each where given; ``existing_only`` leaves out tables that do not exist."""
+    out = []
+    for name in names:
+        dt = tables.open(name)
+        if dt is None and existing_only:
+            continue
+        out.append(delta_output(tables.uri(name), dt, (rows or {}).get(name), (sizes or {}).get(name)))
+    return out
+
+
+def table_inputs(tables: StreamTables, names: Iterable[str], *, existing_only: bool = False) -> list[Any]:
+    """Tables of a stream as inputs at their current versions (a missing one by name only);
+    ``existing_only`` leaves out tables that do not exist."""
+    out = []
+    for name in names:
+        dt = tables.open(name)
+        if dt is not None or not existing_only:
+            out.append(delta_input(tables.uri(name), dt))
+    return out
+
+
+def with_drift_assertions(dataset: Any, metrics: Iterable[str], alarms: Iterable[str]) -> Any:
+    """``dataset`` (the features input of a drift run) with one data-quality assertion per metric:
+    it holds when the metric has no alarm up."""
+    from openlineage.client.facet_v2 import data_quality_assertions_dataset as dqa
+
+    up = set(alarms)
+    dataset.facets["dataQualityAssertions"] = dqa.DataQualityAssertionsDatasetFacet(assertions=[
+        dqa.Assertion(assertion=f"drift:{m} within its EWMA threshold", success=m not in up, column="embedding")
+        for m in sorted(set(metrics))])
+    return dataset

@@ -1,5 +1,8 @@
 """One OpenLineage emitter for every flow and task: START, then COMPLETE or FAIL.
 
+Flows and tasks wrap their work in :meth:`LineageEmitter.run`, which emits START on entry, FAIL with
+the error if the block raises, and COMPLETE (with what the block reported) if it does not.
+
 The client is configured the standard way (``openlineage.yml``, ``OPENLINEAGE__TRANSPORT__...``,
 ``OPENLINEAGE_URL``, ``OPENLINEAGE_DISABLED``). With none of those, events go to a file transport at
 ``<lake>/_lineage/events.jsonl``. Emission is bounded in time (``MMLAKE_LINEAGE_TIMEOUT_S``) and never
@@ -8,25 +11,29 @@ raises into the flow: a failed or slow emission is logged and the flow goes on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from mmlake.settings import Settings
 
 log = logging.getLogger(__name__)
 
 PRODUCER = "https://github.com/mmlake/mmlake"
 
 
-class LineageSettings(BaseSettings):
+class LineageSettings(Settings):
     """mmlake's own lineage settings (the transport is OpenLineage's standard configuration)."""
 
-    model_config = SettingsConfigDict(env_prefix="MMLAKE_LINEAGE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="MMLAKE_LINEAGE_")
 
     namespace: str = Field("mmlake", description="OpenLineage job namespace of mmlake's flows and tasks.")
     timeout_s: float = Field(5.0, gt=0, description="Longest an emission may hold up a flow, seconds.")
@@ -57,6 +64,34 @@ def _client(lake: str) -> Any:
     return OpenLineageClient(transport=FileTransport(FileConfig(log_file_path=path, append=True)))
 
 
+#: Datasets as a list, or a function that lists them when each event is built (so FAIL and COMPLETE
+#: see the tables' versions at that moment).
+Datasets = list[Any] | Callable[[], list[Any]]
+
+
+def _resolve(datasets: Datasets | None) -> list[Any]:
+    if datasets is None:
+        return []
+    return datasets() if callable(datasets) else list(datasets)
+
+
+class LineageRun:
+    """What a run reports for its COMPLETE event; see :meth:`LineageEmitter.run`."""
+
+    def __init__(self, inputs: Datasets | None) -> None:
+        self.inputs = inputs
+        self.outputs: Datasets | None = None
+        self.run_facets: dict[str, Any] | None = None
+
+    def complete(self, *, inputs: Datasets | None = None, outputs: Datasets | None = None,
+                 run_facets: dict[str, Any] | None = None) -> None:
+        """Set what COMPLETE carries (inputs default to START's)."""
+        if inputs is not None:
+            self.inputs = inputs
+        self.outputs = outputs
+        self.run_facets = run_facets
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
 
@@ -72,6 +107,27 @@ class LineageEmitter:
         except Exception as err:  # a broken configuration must not stop the pipeline
             log.warning("OpenLineage disabled for this run: cannot configure the client: %s", err)
             self._client = None
+
+    @contextlib.contextmanager
+    def run(self, job_name: str, run_id: str, *, job_type: str = "JOB", processing: str = "BATCH",
+            parent: tuple[str, str] | None = None, inputs: Datasets | None = None) -> Iterator[LineageRun]:
+        """Emit START now; then FAIL with the error if the block raises (the error propagates), or
+        COMPLETE with what the block set through :meth:`LineageRun.complete`.
+
+        >>> with emitter.run("ingest-stream.s", run_id, inputs=[topic]) as run:  # doctest: +SKIP
+        ...     summary = run_ingest(...)
+        ...     run.complete(outputs=[raw])
+        """
+        common: dict[str, Any] = {"job_type": job_type, "processing": processing, "parent": parent}
+        self.emit("START", job_name, run_id, inputs=_resolve(inputs), **common)
+        handle = LineageRun(inputs)
+        try:
+            yield handle
+        except BaseException as err:
+            self.emit("FAIL", job_name, run_id, inputs=_resolve(inputs), error=err, **common)
+            raise
+        self.emit("COMPLETE", job_name, run_id, inputs=_resolve(handle.inputs), outputs=_resolve(handle.outputs),
+                  run_facets=handle.run_facets, **common)
 
     def emit(self, event_type: str, job_name: str, run_id: str, *, job_type: str = "JOB",
              processing: str = "BATCH", parent: tuple[str, str] | None = None,

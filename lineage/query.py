@@ -8,8 +8,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from lineage.emitter import default_events_path
-from lineage.naming import storage_dataset
+from mmlake.lineage.emitter import default_events_path
+from mmlake.lineage.naming import storage_dataset
 from mmlake.errors import MmlakeError
 
 
@@ -98,7 +98,7 @@ def explain_record(lake: str, stream: str, record_id: str) -> dict[str, Any]:
     version and the run that wrote it -> operators and features row -> drift windows that covered it."""
     import pyarrow.dataset as pads
 
-    from ingest.tables import StreamTables
+    from mmlake.lake import StreamTables
 
     tables = StreamTables(lake, stream)
     out: dict[str, Any] = {"record_id": record_id, "stream": stream}

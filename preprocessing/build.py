@@ -1,9 +1,12 @@
-"""Regenerate every operator model byte for byte: ``python -m preprocessing.build [--write]``.
+"""Regenerate operator models byte for byte.
 
-Without ``--write`` it rebuilds each model and compares with the recorded SHA-256 (what
-``mmlake ops verify`` does). With ``--write`` it writes the committed graphs under
-``preprocessing/models/`` and records every hash in ``preprocessing/operators.json`` — run it after
-changing a builder, then give the changed operators a new version.
+- :func:`build_generated` (``mmlake ops build``): the generated models (the CLIP towers) into the
+  cache folder now, rather than on first use.
+- ``python -m mmlake.preprocessing.build [--write]``: without ``--write``, rebuild every model and
+  compare with the recorded SHA-256 (what ``mmlake ops verify`` does); with ``--write``, write the
+  committed graphs under ``preprocessing/models/`` and record every hash in
+  ``preprocessing/operators.json`` — run it after changing a builder, then give the changed operators
+  a new version.
 """
 
 from __future__ import annotations
@@ -11,8 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from preprocessing.registry import DEFAULT_MANIFEST, Registry, _atomic_write, sha256_hex
+from mmlake.preprocessing.registry import DEFAULT_MANIFEST, Registry, _atomic_write, sha256_hex
+
+
+def build_generated(registry: Registry) -> list[tuple[str, Path]]:
+    """Generate every generated model into the cache folder (replacing cached copies), each checked
+    against its recorded SHA-256 (see :meth:`Registry.regenerate`). Returns (model, path) pairs."""
+    out = []
+    for spec in registry.models.values():
+        if spec.generated:
+            registry.regenerate(spec)
+            out.append((spec.ref, registry.model_path(spec)))
+    return out
 
 
 def write_all(registry: Registry) -> dict[str, str]:
@@ -37,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write_all(registry)
         return 0
-    from preprocessing.verify import verify
+    from mmlake.preprocessing.verify import verify
 
     results = verify(registry, regenerate=True)
     for line in results:

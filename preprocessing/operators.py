@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from preprocessing.registry import OperatorSpec, Registry, package_resource, sha256_hex
-from preprocessing.runtime import RuntimeOptions, session
+from mmlake.preprocessing.registry import OperatorSpec, Registry, package_resource, sha256_hex
+from mmlake.preprocessing.runtime import RuntimeOptions, session
 
 #: Per-row error codes (the features table's ``error_code``).
 IMAGE_UNDECODABLE = "image_undecodable"
@@ -136,7 +136,7 @@ class TextOperator(Operator):
         super().__init__(spec, registry, options)
         from open_clip.tokenizer import SimpleTokenizer
 
-        from preprocessing.errors import OperatorIntegrityError
+        from mmlake.preprocessing.errors import OperatorIntegrityError
 
         vocab = package_resource(str(spec.params["vocab"]))
         digest = sha256_hex(vocab.read_bytes())

@@ -23,11 +23,16 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from preprocessing.errors import OperatorIntegrityError, OperatorNotFoundError
+from mmlake.preprocessing.errors import OperatorIntegrityError, OperatorNotFoundError
 
-PACKAGE_DIR = Path(__file__).parent
+if TYPE_CHECKING:
+    from mmlake.preprocessing.settings import PreprocessSettings
+
+# Resolved: under an editable install this file is a link, and the manifest and models it names are
+# the repository's, not the link tree's.
+PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_MANIFEST = PACKAGE_DIR / "operators.json"
 #: Hashes recorded for generated models the repository cannot know (a user's checkpoint): trust on
 #: first export, checked on every later use.
@@ -156,10 +161,10 @@ class Registry:
     def build(self, spec: ModelSpec) -> bytes:
         """Regenerate a model's bytes from its builder (the CLIP towers take a few seconds each)."""
         if spec.builder == "clip":
-            from preprocessing.clip import export_tower
+            from mmlake.preprocessing.clip import export_tower
 
             return export_tower({**spec.params, "opset": spec.opset}, spec.weights)
-        from preprocessing.graphs import BUILDERS
+        from mmlake.preprocessing.graphs import BUILDERS
 
         if spec.builder not in BUILDERS:
             raise OperatorNotFoundError(f"model {spec.ref}: unknown builder {spec.builder!r}")
@@ -170,22 +175,29 @@ class Registry:
             return spec.sha256
         return self._local_record().get(spec.ref)
 
+    def regenerate(self, spec: ModelSpec) -> bytes:
+        """Build a generated model's bytes and put them in the cache folder (replacing any cached copy).
+        The bytes must reproduce the recorded SHA-256; a model with none recorded yet (a local
+        checkpoint) has its hash recorded now, and checked on every later use."""
+        data = self.build(spec)
+        actual = sha256_hex(data)
+        expected = self.expected_sha256(spec)
+        if expected is None:
+            self._record_local(spec.ref, actual)  # a local checkpoint: first export pins its hash
+        elif actual != expected:
+            raise OperatorIntegrityError(
+                f"regenerating {spec.ref} gave SHA-256 {actual[:16]}..., the manifest records "
+                f"{expected[:16]}...: the toolchain differs from the pinned one ({self._toolchain_text()})")
+        _atomic_write(self.model_path(spec), data)
+        return data
+
     def model_bytes(self, spec: ModelSpec) -> bytes:
         """The model's bytes, verified against its recorded SHA-256. A generated model that is not in
         the cache yet is built first (and refused if the build does not reproduce the recorded hash)."""
         path = self.model_path(spec)
-        expected = self.expected_sha256(spec)
         if spec.generated and not path.exists():
-            data = self.build(spec)
-            actual = sha256_hex(data)
-            if expected is None:
-                self._record_local(spec.ref, actual)  # a local checkpoint: first export pins its hash
-            elif actual != expected:
-                raise OperatorIntegrityError(
-                    f"regenerating {spec.ref} gave SHA-256 {actual[:16]}..., the manifest records "
-                    f"{expected[:16]}...: the toolchain differs from the pinned one ({self._toolchain_text()})")
-            _atomic_write(path, data)
-            return data
+            return self.regenerate(spec)
+        expected = self.expected_sha256(spec)
         try:
             data = path.read_bytes()
         except OSError as err:
@@ -252,6 +264,15 @@ class Registry:
                                         "params": {**base.params, "arch": arch}}
             doc["defaults"][modality] = op_ref
         return Registry(doc, self.root, self.cache_dir)
+
+
+def load_registry(settings: PreprocessSettings) -> Registry:
+    """The registry the settings describe: the manifest, the cache folder, and a CLIP checkpoint or
+    architecture other than the default where one is configured."""
+    registry = Registry.load(settings.manifest, settings.cache_dir)
+    if settings.clip_weights or settings.clip_model != "ViT-S-32":
+        registry = registry.with_clip(settings.clip_model, settings.clip_weights)
+    return registry
 
 
 def default_cache_dir() -> Path:

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from preprocessing.errors import ProviderUnavailableError
+from mmlake.preprocessing.errors import ProviderUnavailableError
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from preprocessing.errors import PreprocessError
-from preprocessing.registry import Registry, sha256_hex
+from mmlake.preprocessing.errors import PreprocessError
+from mmlake.preprocessing.registry import Registry, sha256_hex
 
 
 @dataclass

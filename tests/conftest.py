@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Each CLI process that runs a flow starts Prefect's ephemeral API; on a loaded 2-core machine that has
+# taken longer than Prefect's default 20 s wait (a failed start, not a failed test).
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # The dead-endpoint lineage test leaves an HTTP emission retrying on a daemon thread by design; its
 # urllib3 retry warnings would otherwise print after pytest's summary, through closed log handlers.
 logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
-from ingest import EmbeddedBroker, IngestSettings, MultimodalProducer, ensure_topic  # noqa: E402
+from mmlake.ingest import EmbeddedBroker, IngestSettings, MultimodalProducer, ensure_topic  # noqa: E402
 
 _topic_numbers = itertools.count()
 

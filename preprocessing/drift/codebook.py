@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ingest.errors import InputError
-from preprocessing.errors import DriftStateError
+from mmlake.errors import InputError
+from mmlake.preprocessing.errors import DriftStateError
 
 
 def prepare(x: np.ndarray, mean: np.ndarray) -> np.ndarray:

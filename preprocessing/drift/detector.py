@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from ingest.errors import InputError
-from preprocessing.drift.codebook import Codebook
-from preprocessing.drift.ewma import Direction, Ewma
-from preprocessing.drift.measures import entropy, js_divergence, smoothed
+from mmlake.errors import InputError
+from mmlake.preprocessing.drift.codebook import Codebook
+from mmlake.preprocessing.drift.ewma import Direction, Ewma
+from mmlake.preprocessing.drift.measures import entropy, js_divergence, smoothed
 
 MISSING, NAN, ZERO_NORM, ERROR = -1, -2, -3, -4
 STATUS_NAMES = {MISSING: "missing", NAN: "NaN", ZERO_NORM: "zero-norm", ERROR: "error"}

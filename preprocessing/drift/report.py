@@ -1,15 +1,82 @@
 """What a drift run shows people: a markdown table and a PNG plot of each metric against event time,
-thresholds drawn, alarms marked."""
+thresholds drawn, alarms marked; and the one-line summary the CLI prints."""
 
 from __future__ import annotations
 
 import base64
 import io
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from ingest.engine import format_us
-from preprocessing.drift.run import DriftSummary
+from mmlake.lake import StreamTables, format_us, is_local
+from mmlake.preprocessing.drift.run import DriftSummary
+
+
+@dataclass(frozen=True)
+class Report:
+    """A drift run's artifact: the markdown (plot embedded), whether the encoders were trained, and
+    where the plot was saved (local lakes only)."""
+
+    markdown: str
+    encoder_trained: bool | None
+    plot: str | None
+
+
+def report(tables: StreamTables, summary: DriftSummary) -> Report:
+    """The artifact of a drift run over ``tables``: the drift table's recent windows plotted (also
+    saved to ``<lake>/_plots/drift-<stream>.png`` on a local lake) and the run's summary."""
+    drift_dt = tables.open("drift")
+    png = plot_png(recent_rows(drift_dt), f"drift of {tables.stream}") if drift_dt is not None else None
+    trained = encoder_trained(tables)
+    return Report(markdown(summary, png, trained), trained, save_plot(tables.lake, tables.stream, png))
+
+
+def result_line(result: dict[str, Any]) -> str:
+    """The one-line summary of a drift flow's result (its summary as a dict), saying when the
+    embeddings came from untrained encoders."""
+    fields = {k: v for k, v in result.items() if k in DriftSummary.__dataclass_fields__}
+    line = DriftSummary(**fields).line()
+    return line + (" (embeddings from UNTRAINED seeded encoders)" if result.get("encoder_trained") is False else "")
+
+
+def encoder_trained(tables: StreamTables) -> bool | None:
+    """Whether every features row came from a trained encoder (None: no features yet)."""
+    import pyarrow.compute as pc
+
+    dt = tables.open("features")
+    if dt is None:
+        return None
+    col = dt.to_pyarrow_dataset().to_table(columns=["encoder_trained"]).column("encoder_trained")
+    return None if len(col) == 0 else bool(pc.all(col).as_py())
+
+
+def save_plot(lake: str, stream: str, png: bytes | None) -> str | None:
+    """On a local lake, the plot goes to ``<lake>/_plots/drift-<stream>.png``; its path, or None."""
+    if png is None or not is_local(lake):
+        return None
+    folder = Path(lake.removeprefix("file://")) / "_plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"drift-{stream}.png"
+    path.write_bytes(png)
+    return str(path.resolve())
+
+
+def recent_rows(drift_dt: Any, windows: int = 600) -> list[dict[str, Any]]:
+    """The drift table's last ``windows`` windows (every metric), timestamps as epoch µs, for the plot."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = drift_dt.to_pyarrow_table(columns=["window_start", "window_end", "first_sample", "metric", "value",
+                                               "threshold_low", "threshold_high", "alarm"])
+    starts = sorted(set(table.column("first_sample").to_pylist()))
+    if not starts:
+        return []
+    table = table.filter(pc.greater_equal(table.column("first_sample"), starts[-windows:][0]))
+    for key in ("window_start", "window_end"):
+        table = table.set_column(table.schema.get_field_index(key), key, pc.cast(table.column(key), pa.int64()))
+    return table.to_pylist()
 
 
 def plot_png(rows: list[dict[str, Any]], title: str) -> bytes:

@@ -23,17 +23,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.errors import InputError
-from ingest.tables import StreamTables
-from preprocessing.drift.codebook import Codebook
-from preprocessing.drift.detector import ERROR, MISSING, NAN, STATUS_NAMES, ZERO_NORM, Detector, Reference, Samples
-from preprocessing.errors import DriftStateError
-from preprocessing.features import _counter, _read, load_registry
-from preprocessing.registry import OperatorSpec
-from preprocessing.settings import DriftSettings, PreprocessSettings
+from mmlake.errors import CommitConflictError, CommitRaceLost, InputError
+from mmlake.lake import UTC_US, StreamTables, scan, txn_version
+from mmlake.lake import commit as lake_commit
+from mmlake.preprocessing.drift.codebook import Codebook
+from mmlake.preprocessing.drift.detector import ERROR, MISSING, NAN, STATUS_NAMES, ZERO_NORM, Detector, Reference, Samples
+from mmlake.preprocessing.errors import DriftStateError
+from mmlake.preprocessing.registry import OperatorSpec, load_registry
+from mmlake.preprocessing.drift.settings import DriftSettings
+from mmlake.preprocessing.settings import PreprocessSettings
 
 STATE_KEY = "mmlake.drift.state"
-UTC_US = pa.timestamp("us", tz="UTC")
 
 DRIFT_SCHEMA = pa.schema([
     pa.field("window_start", UTC_US, nullable=False),
@@ -113,7 +113,7 @@ def read_samples(features: Any, ops: dict[str, OperatorSpec], since_us: int | No
     import pyarrow.dataset as pads
 
     flt = None if since_us is None else pads.field("event_time") >= pa.scalar(since_us, UTC_US)
-    table = _read(features, ["record_id", "sample_id", "modality", "event_time", "embedding", "error_code",
+    table = scan(features, ["record_id", "sample_id", "modality", "event_time", "embedding", "error_code",
                              "op_name", "op_version"], flt)
     keep = None
     for modality, spec in ops.items():
@@ -213,21 +213,17 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
 
 
 def _commit(tables: StreamTables, rows: pa.Table, state: dict[str, Any], seen: int, overwrite: bool) -> None:
-    from deltalake import CommitProperties, Transaction, write_deltalake
-
-    from ingest import CommitConflictError
-
+    """The windows' rows and the detector state in one commit, moving the counter from ``seen``."""
+    app = app_id(tables.stream)
     dt = tables.open("drift")
-    current = -1 if dt is None else _counter(dt, app_id(tables.stream))
-    if current != seen:
-        raise CommitConflictError(f"another drift run on {tables.stream!r} committed first (counter {current}, "
-                                  f"expected {seen}); rerun to continue from its state")
-    props = CommitProperties(app_transactions=[Transaction(app_id(tables.stream), seen + 1)],
-                             custom_metadata={STATE_KEY: json.dumps(state, sort_keys=True)})
-    target = dt if dt is not None else tables.uri("drift")
-    write_deltalake(target, rows, mode="overwrite" if overwrite else "append", commit_properties=props,
-                    storage_options=None if dt is not None else (tables.storage_options or None),
-                    name=None if dt is not None else f"{tables.stream}.drift")
+    try:
+        lake_commit(dt if dt is not None else tables.uri("drift"), rows, txns={app: seen + 1}, expect={app: seen},
+                    metadata={STATE_KEY: json.dumps(state, sort_keys=True)},
+                    mode="overwrite" if overwrite else "append", storage_options=tables.options,
+                    name=f"{tables.stream}.drift")
+    except CommitRaceLost as err:
+        raise CommitConflictError(f"another drift run on {tables.stream!r} committed first ({err}); rerun to "
+                                  "continue from its state") from err
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -240,7 +236,7 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     ``max_samples`` bounds how many new samples one run takes (the rest wait for the next run).
     ``keep_settings`` (with ``rebuild``, as a backfill does): rescore with the settings the table was
     scored with, whatever ``settings`` says."""
-    from preprocessing.drift.detector import DriftConfig
+    from mmlake.preprocessing.drift.detector import DriftConfig
 
     settings = settings or DriftSettings()
     cfg = settings.config()
@@ -256,7 +252,7 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
                          "(run `mmlake preprocess` first)")
     ops = ops if ops is not None else _defaults(preprocess)
     op_pins = {m: s.sha256 for m, s in ops.items()}
-    counter = -1 if drift_dt is None else _counter(drift_dt, app_id(stream))
+    counter = txn_version(drift_dt, app_id(stream))
     state = None if rebuild else pinned
     book_dt = tables.open("drift_codebook")
 
@@ -361,7 +357,7 @@ def _same_rows(dt: Any, table: pa.Table) -> bool:
     if dt is None:
         return False
     keys = [("first_sample", "ascending"), ("metric", "ascending")]
-    held = _read(dt, DRIFT_SCHEMA.names)
+    held = scan(dt, DRIFT_SCHEMA.names)
     if held.num_rows != table.num_rows:
         return False
     return held.select(DRIFT_SCHEMA.names).cast(DRIFT_SCHEMA).sort_by(keys).equals(table.sort_by(keys))

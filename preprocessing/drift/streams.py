@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from preprocessing.drift.detector import Samples
+from mmlake.preprocessing.drift.detector import Samples
 
 SCENARIOS = ("null", "shuffle", "covariate", "vocabulary", "gradual")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cache.lsh import HyperplaneLSH
+from mmlake.cache.lsh import HyperplaneLSH
 
 
 class Clock:

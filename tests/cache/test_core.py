@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from cache import BadRequestError, CacheError, CacheSettings, Hit, Miss, PayloadTooLargeError, SafeCache
-from cache.snapshot import load_snapshot, save_snapshot
+from mmlake.cache import BadRequestError, CacheError, CacheSettings, Hit, Miss, PayloadTooLargeError, SafeCache
+from mmlake.cache.snapshot import load_snapshot, save_snapshot
 from tests.cache.helpers import Clock, at_cosine, kv, unit
 
 DIM = 64
@@ -264,8 +264,8 @@ def test_gpu_and_cpu_indexes_give_the_same_answers() -> None:
 
     if faiss.get_num_gpus() == 0:
         pytest.skip("no GPU visible to FAISS on this machine")
-    from cache.index import VectorIndex
-    from cache.lsh import HyperplaneLSH
+    from mmlake.cache.index import VectorIndex
+    from mmlake.cache.lsh import HyperplaneLSH
 
     rng = np.random.default_rng(15)
     lsh = HyperplaneLSH(DIM)

@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from cache import CacheSettings, Hit, Miss, SafeCache, SafeCacheClient
-from cache.server import create_app
-from ingest.broker import free_port
+from mmlake.cache import CacheSettings, Hit, Miss, SafeCache, SafeCacheClient
+from mmlake.cache.server import create_app
+from mmlake.ingest.broker import free_port
 from tests.cache.helpers import at_cosine, kv, unit
 
 DIM = 32
@@ -241,7 +241,7 @@ def test_cli_server_restores_its_entries_after_a_restart(tmp_path) -> None:
 
 
 def test_cli_refuses_a_bad_tokens_file(tmp_path, capsys) -> None:
-    from flows.cli import main
+    from mmlake.flows.cli import main
 
     bad = tmp_path / "tokens.json"
     bad.write_text('["not", "an", "object"]')

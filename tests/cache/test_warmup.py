@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from cache import CacheSettings, SafeCache, SafeCacheClient
-from cache.warmup import new_drift_alarm, precompute_keys
+from mmlake.cache import CacheSettings, SafeCache, SafeCacheClient
+from mmlake.cache.warmup import new_drift_alarm, precompute_keys
 from tests.cache.helpers import kv, unit
 from tests.cache.test_server import Server
 
@@ -77,7 +77,7 @@ def test_each_drift_alarm_triggers_once(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_warmup_flow_invalidates_the_drifting_stream_only(prefect_harness, tmp_path) -> None:
-    from flows.cache import cache_warmup
+    from mmlake.flows.cache import cache_warmup
 
     lake = str(tmp_path)
     rng = np.random.default_rng(1)

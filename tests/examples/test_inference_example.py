@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from cache import CacheSettings, SafeCache, SafeCacheClient
+from mmlake.cache import CacheSettings, SafeCache, SafeCacheClient
 from examples.inference_server import InferenceServer, InProcessKV, RemoteKV, TinyLM, tensors_to_past, past_to_tensors
 from tests.cache.test_server import Server
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.tables import StreamTables
+from mmlake.lake import StreamTables
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 DAY_MS = 86_400_000
@@ -25,10 +25,11 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    from flows.backfill import backfill
-    from preprocessing.drift.run import run_drift
-    from preprocessing.features import run_preprocess
-    from preprocessing.settings import DriftSettings, PreprocessSettings
+    from mmlake.flows.backfill import backfill
+    from mmlake.preprocessing.drift.run import run_drift
+    from mmlake.preprocessing.incremental import run_preprocess
+    from mmlake.preprocessing.drift.settings import DriftSettings
+    from mmlake.preprocessing.settings import PreprocessSettings
     from tests.preprocessing.helpers import synth_parts, write_raw
 
     lake = str(tmp_path / "lake")
@@ -79,7 +80,7 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
 
 
 def test_backfill_refuses_bad_ranges_and_stages_in_one_line(tmp_path, capsys) -> None:
-    from flows.cli import main
+    from mmlake.flows.cli import main
 
     lake = str(tmp_path / "lake")
     assert main(["backfill", "--stream", "s", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T00:00:00Z",

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from flows.cli import main
-from ingest.broker import free_port
+from mmlake.flows.cli import main
+from mmlake.ingest.broker import free_port
 from tests.fixtures.data import table_rows
 from tests.fixtures.streams import T0_MS
 
@@ -94,7 +94,7 @@ def test_produce_ingest_read_compact_as_a_user_would(broker, tmp_path) -> None:
 def test_broker_command_serves_until_terminated() -> None:
     import signal
 
-    from ingest import wait_for_kafka
+    from mmlake.ingest import wait_for_kafka
 
     port = free_port()
     exe = shutil.which("mmlake", path=os.path.dirname(sys.executable))

@@ -12,7 +12,7 @@ def test_small_demo_runs_every_stage_and_prints_true_counts(prefect_harness, tmp
                                                             default_lineage) -> None:
     from deltalake import DeltaTable
 
-    from flows.demo import run_demo
+    from mmlake.flows.demo import run_demo
 
     lake = str(tmp_path / "lake")
     assert run_demo(lake=lake, samples=120) == 0

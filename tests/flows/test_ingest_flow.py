@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from ingest import BrokerUnavailableError
-from ingest.broker import free_port
+from mmlake.ingest import BrokerUnavailableError
+from mmlake.ingest.broker import free_port
 from tests.fixtures.streams import produce_mixed
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def _task_runs(flow_run_id):
 
 
 def test_flow_ingests_and_reports(prefect_harness, producer, new_topic, settings) -> None:
-    from flows.ingest import ingest_stream
+    from mmlake.flows.ingest import ingest_stream
 
     topic = new_topic(partitions=2)
     exp = produce_mixed(producer, topic, partitions=2, per_partition=12)
@@ -40,8 +40,7 @@ def test_flow_ingests_and_reports(prefect_harness, producer, new_topic, settings
 
 
 def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypatch, tmp_path) -> None:
-    import flows.ingest as module
-
+    import mmlake.flows.ingest as module
     monkeypatch.setenv("MMLAKE_KAFKA_TIMEOUT_S", "0.5")
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
     state = module.ingest_stream(topic="t", stream="s", lake=str(tmp_path), bootstrap=f"127.0.0.1:{free_port()}",
@@ -55,8 +54,7 @@ def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypa
 
 
 def test_non_transient_errors_are_not_retried(prefect_harness, broker, monkeypatch, tmp_path) -> None:
-    import flows.ingest as module
-
+    import mmlake.flows.ingest as module
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
     state = module.ingest_stream(topic="no-such-topic", stream="s", lake=str(tmp_path),
                                  bootstrap=broker.bootstrap, return_state=True)
@@ -67,7 +65,7 @@ def test_non_transient_errors_are_not_retried(prefect_harness, broker, monkeypat
 
 
 def test_deployment_runs_on_an_interval_one_at_a_time() -> None:
-    from flows.deployments import ingest_deployment
+    from mmlake.flows.deployments import ingest_deployment
 
     deployment = ingest_deployment("t", "s", interval_s=45)
     (schedule,) = deployment.schedules
@@ -84,8 +82,8 @@ def test_prefect_yaml_points_at_the_flow() -> None:
     from prefect.flows import load_flow_from_entrypoint
 
     spec = yaml.safe_load((Path(__file__).parents[2] / "flows" / "prefect.yaml").read_text())
-    names = {"flows.pipeline.stream_pipeline": "stream-pipeline", "flows.cache.cache_warmup": "cache-warmup",
-             "flows.backfill.backfill": "backfill"}
+    names = {"mmlake.flows.pipeline.stream_pipeline": "stream-pipeline",
+             "mmlake.flows.cache.cache_warmup": "cache-warmup", "mmlake.flows.backfill.backfill": "backfill"}
     assert {d["entrypoint"] for d in spec["deployments"]} == set(names)
     for deployment in spec["deployments"]:
         flow = load_flow_from_entrypoint(deployment["entrypoint"])  # as a Prefect worker loads it
@@ -96,8 +94,9 @@ def test_prefect_yaml_points_at_the_flow() -> None:
 
 
 def test_pipeline_and_cache_deployments_run_one_at_a_time() -> None:
-    from flows.deployments import cache_warmup_deployment, parse_pipeline_stages, pipeline_deployment
-    from ingest.errors import InputError
+    from mmlake.flows.deployments import cache_warmup_deployment, pipeline_deployment
+    from mmlake.flows.stages import parse_pipeline_stages
+    from mmlake.errors import InputError
 
     pipe = pipeline_deployment("t", "s", partitions=[0, 2], interval_s=30)
     assert pipe.name == "pipeline-s-p0-2" and pipe.parameters["partitions"] == [0, 2]

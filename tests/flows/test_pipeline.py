@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.synth import samples
-from ingest.tables import StreamTables
+from mmlake.ingest.synth import samples
+from mmlake.lake import StreamTables
 
 T0_MS = 1_767_225_600_000
 
@@ -16,7 +16,7 @@ T0_MS = 1_767_225_600_000
 @pytest.mark.slow
 def test_pipeline_runs_its_stages_in_order_and_emits_lineage(prefect_harness, producer, new_topic, settings,
                                                              default_lineage) -> None:
-    from flows.pipeline import stream_pipeline
+    from mmlake.flows.pipeline import stream_pipeline
 
     topic = new_topic(partitions=1)
     for part in samples(8, start_ms=T0_MS, span_ms=60_000, seed=2, image_size=32):

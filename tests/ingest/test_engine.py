@@ -10,15 +10,15 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from ingest import (
+from mmlake.ingest import (
     BrokerUnavailableError,
     IngestRun,
     IngestSettings,
     TopicNotFoundError,
     run_ingest,
 )
-from ingest.engine import max_event_app_id, offset_app_id
-from ingest.wire import Reason
+from mmlake.ingest.engine import max_event_app_id, offset_app_id
+from mmlake.ingest.wire import Reason
 from tests.fixtures.data import kafka_positions, png, record_id, table_rows, wav
 from tests.fixtures.streams import T0_MS, produce_mixed
 
@@ -154,7 +154,7 @@ def test_commits_are_sorted_by_event_time_and_partitioned_by_date(producer, new_
 
 
 def test_unreachable_broker_fails_fast_and_commits_nothing(tmp_path) -> None:
-    from ingest.broker import free_port
+    from mmlake.ingest.broker import free_port
 
     settings = IngestSettings(lake=str(tmp_path / "lake"), kafka_bootstrap=f"127.0.0.1:{free_port()}",
                               kafka_timeout_s=1.0)

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from ingest import IngestSettings, run_ingest
+from mmlake.ingest import IngestSettings, run_ingest
 from tests.fixtures.data import kafka_positions, table_rows
 from tests.fixtures.streams import Expected, produce_mixed
 
@@ -133,8 +133,8 @@ def test_kill_while_side_tables_trail_then_rerun(producer, new_topic, settings) 
 @pytest.mark.slow
 def test_broker_that_goes_away_mid_run(tmp_path) -> None:
     """The run fails with a one-line BrokerUnavailableError; what it committed is consistent."""
-    from ingest import BrokerUnavailableError, EmbeddedBroker, IngestRun, MultimodalProducer, ensure_topic
-    from ingest.engine import offset_app_id
+    from mmlake.ingest import BrokerUnavailableError, EmbeddedBroker, IngestRun, MultimodalProducer, ensure_topic
+    from mmlake.ingest.engine import offset_app_id
     from deltalake import DeltaTable
 
     broker = EmbeddedBroker().start()

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from ingest import InputError, produce_path, run_ingest
+from mmlake.errors import InputError
+from mmlake.ingest import produce_path, run_ingest
 from tests.fixtures.data import png, table_rows, wav
 
 

@@ -8,8 +8,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from deltalake import DeltaTable
 
-from ingest import InputError, compact, read_stream, read_table, run_ingest
-from ingest.engine import offset_app_id
+from mmlake.errors import InputError
+from mmlake.ingest import compact, read_stream, read_table, run_ingest
+from mmlake.ingest.engine import offset_app_id
 from tests.fixtures.data import table_rows
 from tests.fixtures.streams import T0_MS
 

@@ -6,8 +6,8 @@ import calendar
 
 import pytest
 
-from ingest import wire
-from ingest.wire import Accepted, Reason, Rejected
+from mmlake.ingest import wire
+from mmlake.ingest.wire import Accepted, Reason, Rejected
 from tests.fixtures.data import png, record_id, wav
 
 MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, from calendar below

@@ -13,8 +13,8 @@ import pytest
 from deltalake import DeltaTable
 from jsonschema import ValidationError
 
-from lineage import LineageEmitter, LineageSettings, default_events_path, static_run_id
-from lineage.query import LineageQueryError, explain_record, lineage_graph, load_events
+from mmlake.lineage import LineageEmitter, LineageSettings, default_events_path, static_run_id
+from mmlake.lineage.query import LineageQueryError, explain_record, lineage_graph, load_events
 from tests.fixtures.streams import produce_mixed
 from tests.lineage.schemas import validate_event
 
@@ -27,7 +27,7 @@ def events_of(lake: str) -> list[dict]:
 
 @pytest.fixture
 def ingested(prefect_harness, producer, new_topic, settings, default_lineage):
-    from flows.ingest import ingest_stream
+    from mmlake.flows.ingest import ingest_stream
 
     topic = new_topic(partitions=2)
     produce_mixed(producer, topic, partitions=2, per_partition=12)
@@ -112,8 +112,7 @@ def test_graph_and_explain(ingested) -> None:
 
 
 def test_failed_flow_emits_fail_with_the_error(prefect_harness, broker, tmp_path, default_lineage, monkeypatch) -> None:
-    import flows.ingest as module
-
+    import mmlake.flows.ingest as module
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
     state = module.ingest_stream(topic="no-such-topic", stream="s", lake=str(tmp_path),
                                  bootstrap=broker.bootstrap, return_state=True)
@@ -126,7 +125,7 @@ def test_failed_flow_emits_fail_with_the_error(prefect_harness, broker, tmp_path
 
 
 def test_custom_facet_schemas_reject_bad_values() -> None:
-    from lineage.facets import MmlakeOnnxOperatorsRunFacet
+    from mmlake.lineage.facets import MmlakeOnnxOperatorsRunFacet
     from tests.lineage.schemas import MISSING, REGISTRY, SPEC_PRESENT
 
     if not SPEC_PRESENT:
@@ -216,7 +215,7 @@ def test_kafka_transport_against_the_embedded_broker(broker, new_topic, tmp_path
 
 
 def test_lineage_cli(ingested, capsys) -> None:
-    from flows.cli import main
+    from mmlake.flows.cli import main
 
     settings, topic, _ = ingested
     assert main(["lineage", "graph", "--lake", settings.lake, "--dataset", "s/raw"]) == 0
@@ -228,3 +227,36 @@ def test_lineage_cli(ingested, capsys) -> None:
     assert f"kafka: topic {topic} partition" in out and "written by: ingest-stream.s.ingest-micro-batches" in out
     assert main(["lineage", "explain", "--lake", settings.lake, "--stream", "s", "--record-id", "nope"]) == 1
     assert capsys.readouterr().err.strip().startswith("mmlake: error: record 'nope'")
+
+
+def test_run_context_emits_start_then_complete_or_fail(tmp_path, default_lineage) -> None:
+    """Every flow and task wraps its work in LineageEmitter.run: START on entry, then COMPLETE with what
+    the block reported, or FAIL with the error (which still propagates)."""
+    from mmlake.lineage.datasets import delta_output
+    from mmlake.lineage.naming import storage_dataset
+
+    lake = str(tmp_path / "lake")
+    emitter = LineageEmitter(lake)
+    calls = iter(range(100))
+
+    def inputs() -> list:  # evaluated when each event is built
+        from openlineage.client.event_v2 import InputDataset
+
+        return [InputDataset(namespace="file", name=f"read-{next(calls)}")]
+
+    out = delta_output(f"{lake}/s/raw", None, rows=3)
+    with emitter.run("job.ok", "0190e2a4-0000-7000-8000-000000000001", inputs=inputs) as run:
+        run.complete(outputs=[out])
+    with pytest.raises(RuntimeError, match="boom"):
+        with emitter.run("job.bad", "0190e2a4-0000-7000-8000-000000000002", job_type="TASK",
+                         parent=("job.ok", "0190e2a4-0000-7000-8000-000000000001"), inputs=inputs):
+            raise RuntimeError("boom")
+    events = events_of(lake)
+    assert [(e["eventType"], e["job"]["name"]) for e in events] == [
+        ("START", "job.ok"), ("COMPLETE", "job.ok"), ("START", "job.bad"), ("FAIL", "job.bad")]
+    assert [e["inputs"][0]["name"] for e in events] == ["read-0", "read-1", "read-2", "read-3"]
+    assert events[1]["outputs"][0]["name"] == storage_dataset(f"{lake}/s/raw")[1]
+    assert events[1]["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 3
+    assert events[3]["run"]["facets"]["errorMessage"]["message"] == "boom"
+    assert events[3]["run"]["facets"]["parent"]["run"]["runId"] == events[0]["run"]["runId"]
+    assert events[2]["job"]["facets"]["jobType"]["jobType"] == "TASK"

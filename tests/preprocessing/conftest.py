@@ -8,13 +8,13 @@ import pytest
 
 @pytest.fixture(scope="session")
 def registry(operator_cache: str):
-    from preprocessing.registry import Registry
+    from mmlake.preprocessing.registry import Registry
 
     return Registry.load(cache_dir=operator_cache)
 
 
 @pytest.fixture(scope="session")
 def cpu_options():
-    from preprocessing.runtime import resolve
+    from mmlake.preprocessing.runtime import resolve
 
     return resolve("cpu", 2, "all")

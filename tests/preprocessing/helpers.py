@@ -7,8 +7,9 @@ import hashlib
 
 import pyarrow as pa
 
-from ingest.synth import samples
-from ingest.tables import RAW_SCHEMA, StreamTables
+from mmlake.ingest.synth import samples
+from mmlake.ingest.tables import RAW_SCHEMA, ensure
+from mmlake.lake import StreamTables
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 _US_PER_DAY = 86_400_000_000
@@ -36,7 +37,7 @@ def write_raw(lake: str, stream: str, parts: list[tuple[str, str, bytes, int]]) 
     from deltalake import write_deltalake
 
     table = raw_rows(parts)
-    dt = StreamTables(lake, stream).ensure("raw")
+    dt = ensure(StreamTables(lake, stream), "raw")
     write_deltalake(dt, table, mode="append", partition_by=["event_date"])
     return table
 
@@ -54,8 +55,8 @@ def write_features(lake: str, stream: str, samples, ops: dict, *, trained: bool 
     import numpy as np
     from deltalake import write_deltalake
 
-    from preprocessing.drift.detector import ERROR, MISSING
-    from preprocessing.features import features_schema
+    from mmlake.preprocessing.drift.detector import ERROR, MISSING
+    from mmlake.preprocessing.features import features_schema
 
     dim = next(e.shape[1] for e in samples.embeddings.values())
     rows = []

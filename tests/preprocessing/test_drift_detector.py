@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from preprocessing.drift.detector import ERROR, Detector, DriftConfig, Reference
-from preprocessing.drift.run import run_drift
-from preprocessing.drift.streams import stream
-from preprocessing.errors import DriftStateError
-from preprocessing.settings import DriftSettings
+from mmlake.preprocessing.drift.detector import ERROR, Detector, DriftConfig, Reference
+from mmlake.preprocessing.drift.run import run_drift
+from mmlake.preprocessing.drift.streams import stream
+from mmlake.preprocessing.errors import DriftStateError
+from mmlake.preprocessing.drift.settings import DriftSettings
 from tests.preprocessing.helpers import write_features
 
 CFG = DriftConfig()

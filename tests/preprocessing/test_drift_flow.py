@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.synth import samples
-from ingest.tables import StreamTables
+from mmlake.ingest.synth import samples
+from mmlake.lake import StreamTables
 from tests.preprocessing.helpers import T0_MS, write_raw
 
 ROOT = Path(__file__).parents[2]
@@ -44,7 +44,7 @@ def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_no
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.preprocess import preprocess_stream
+    from mmlake.flows.preprocess import preprocess_stream
 
     lake = str(tmp_path / "lake")
     _stream(lake, "shuffled", SHUFFLE_AT)
@@ -90,7 +90,7 @@ def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_no
 
 def test_drift_cli_errors_are_one_line(tmp_path: Path, operator_cache: str) -> None:
     env = {**os.environ, "MMLAKE_PREPROCESS_CACHE_DIR": operator_cache}
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "drift", "--stream", "nope", "--lake",
+    out = subprocess.run([sys.executable, "-m", "mmlake.flows.cli", "drift", "--stream", "nope", "--lake",
                           str(tmp_path / "lake")], capture_output=True, text=True, cwd=ROOT, env=env, timeout=240)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("mmlake: error: stream 'nope' has no features table")

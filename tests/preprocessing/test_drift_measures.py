@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from preprocessing.drift.codebook import Codebook
-from preprocessing.drift.ewma import Ewma
-from preprocessing.drift.measures import entropy, js_divergence, kl_divergence, mutual_information, smoothed
-from preprocessing.errors import DriftStateError
+from mmlake.preprocessing.drift.codebook import Codebook
+from mmlake.preprocessing.drift.ewma import Ewma
+from mmlake.preprocessing.drift.measures import entropy, js_divergence, kl_divergence, mutual_information, smoothed
+from mmlake.preprocessing.errors import DriftStateError
 
 
 def test_entropy_closed_forms() -> None:

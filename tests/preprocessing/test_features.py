@@ -10,11 +10,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from ingest.tables import StreamTables
-from preprocessing.errors import OperatorIntegrityError
-from preprocessing.features import run_backfill, run_preprocess
-from preprocessing.registry import DEFAULT_MANIFEST, Registry
-from preprocessing.settings import PreprocessSettings
+from mmlake.lake import StreamTables
+from mmlake.preprocessing.errors import OperatorIntegrityError
+from mmlake.preprocessing.backfill import run_backfill
+from mmlake.preprocessing.incremental import run_preprocess
+from mmlake.preprocessing.registry import DEFAULT_MANIFEST, Registry
+from mmlake.preprocessing.settings import PreprocessSettings
 from tests.preprocessing.helpers import T0_MS, synth_parts, write_raw
 
 DAY_MS = 86_400_000
@@ -180,7 +181,7 @@ def test_backfill_with_the_default_operators_repairs_a_range(tmp_path: Path, set
     summary = run_backfill(lake, "s", T0_MS + DAY_MS, T0_MS + 2 * DAY_MS, settings)
     assert summary.rows == in_day2.num_rows  # the day was recomputed as a whole
     assert _features(lake).equals(before)  # and the lost row is back, byte-identical
-    from lineage.query import explain_record
+    from mmlake.lineage.query import explain_record
 
     info = explain_record(lake, "s", victim)  # reads the rewritten files (string_view columns) too
     assert info["features"] == 1 and info["operators"][0][0] == in_day2.filter(
@@ -201,7 +202,7 @@ def test_rows_made_by_other_bytes_under_the_same_version_are_refused(tmp_path: P
 
 
 def test_a_missing_stream_is_one_clear_error(tmp_path: Path, settings) -> None:
-    from ingest.errors import InputError
+    from mmlake.errors import InputError
 
     with pytest.raises(InputError, match="no raw table"):
         run_preprocess(str(tmp_path / "lake"), "nope", settings)

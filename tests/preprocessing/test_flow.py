@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest import run_ingest
-from ingest.synth import samples
-from ingest.tables import StreamTables
+from mmlake.ingest import run_ingest
+from mmlake.ingest.synth import samples
+from mmlake.lake import StreamTables
 
 ROOT = Path(__file__).parents[2]
 T0_MS = 1_767_225_600_000
@@ -33,7 +33,7 @@ def test_preprocess_and_backfill_flows_write_features_lineage_and_artifacts(pref
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    from flows.preprocess import backfill_features, preprocess_stream
+    from mmlake.flows.preprocess import backfill_features, preprocess_stream
 
     settings, accepted = ingested
     result = preprocess_stream(stream="demo", lake=settings.lake, provider="cpu", threads=2)
@@ -70,7 +70,7 @@ def test_preprocess_and_backfill_flows_write_features_lineage_and_artifacts(pref
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "mmlake.flows.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=240)
 
 

@@ -8,9 +8,9 @@ import struct
 import numpy as np
 import pytest
 
-from ingest.synth import COLOURS, png_image, wav_tone
-from preprocessing.operators import AUDIO_UNSUPPORTED, IMAGE_UNDECODABLE, TEXT_EMPTY, decode_wav, load, resample
-from preprocessing.runtime import resolve
+from mmlake.ingest.synth import COLOURS, png_image, wav_tone
+from mmlake.preprocessing.operators import AUDIO_UNSUPPORTED, IMAGE_UNDECODABLE, TEXT_EMPTY, decode_wav, load, resample
+from mmlake.preprocessing.runtime import resolve
 
 
 def _photo(h: int, w: int, seed: int) -> np.ndarray:
@@ -47,7 +47,7 @@ def test_image_graph_matches_pillow_torchvision_within_tolerance(ops, h: int, w:
     import open_clip
     from PIL import Image
 
-    from preprocessing.graphs import CLIP_STD
+    from mmlake.preprocessing.graphs import CLIP_STD
 
     pixels = _photo(h, w, seed=h * w)
     reference = open_clip.image_transform(224, is_train=False)(Image.fromarray(pixels)).numpy()
@@ -70,7 +70,7 @@ def test_onnx_clip_towers_match_torch_open_clip(ops, registry) -> None:
     import torch
     from PIL import Image
 
-    from preprocessing.clip import torch_reference
+    from mmlake.preprocessing.clip import torch_reference
 
     model = torch_reference(registry.models["clip_image@vit-s-32-seed0"].params)
     images = [_photo(200 + 10 * i, 260, seed=i) for i in range(4)]
@@ -153,7 +153,7 @@ def test_wav_decoding_and_resampling_against_known_signals() -> None:
 
 
 def test_logmel_graph_matches_a_numpy_stft(ops) -> None:
-    from preprocessing.graphs import mel_filter_bank
+    from mmlake.preprocessing.graphs import mel_filter_bank
 
     params = ops["audio"].spec.models[0].params
     rng = np.random.default_rng(3)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.errors import OperatorIntegrityError
-from preprocessing.registry import DEFAULT_MANIFEST, Registry, sha256_hex
+from mmlake.preprocessing.errors import OperatorIntegrityError
+from mmlake.preprocessing.registry import DEFAULT_MANIFEST, Registry, sha256_hex
 
 
 def test_every_model_regenerates_byte_for_byte_and_matches_its_recorded_hash(registry: Registry) -> None:
-    from preprocessing.verify import verify
+    from mmlake.preprocessing.verify import verify
 
     results = verify(registry, regenerate=True)
     assert {r.ref for r in results} == set(json.loads(DEFAULT_MANIFEST.read_text())["models"])
@@ -45,7 +45,7 @@ def _copy_registry(tmp_path: Path) -> Path:
 
 def test_a_tampered_committed_operator_file_is_refused_naming_the_file(tmp_path: Path, operator_cache: str,
                                                                         cpu_options) -> None:
-    from preprocessing.operators import load
+    from mmlake.preprocessing.operators import load
 
     manifest = _copy_registry(tmp_path)
     target = manifest.parent / "models" / "audio_logmel-1.onnx"
@@ -60,7 +60,7 @@ def test_a_tampered_committed_operator_file_is_refused_naming_the_file(tmp_path:
 
 
 def test_a_tampered_generated_encoder_in_the_cache_is_refused(tmp_path: Path, registry: Registry, cpu_options) -> None:
-    from preprocessing.operators import load
+    from mmlake.preprocessing.operators import load
 
     cache = tmp_path / "cache"
     spec = registry.models["clip_text@vit-s-32-seed0"]
@@ -78,9 +78,34 @@ def test_cli_ops_verify_fails_in_one_line_on_a_tampered_file(tmp_path: Path, ope
     target.write_bytes(target.read_bytes() + b"\0")
     env = {"MMLAKE_PREPROCESS_MANIFEST": str(manifest), "MMLAKE_PREPROCESS_CACHE_DIR": operator_cache,
            "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "ops", "verify", "--no-regenerate"],
+    proc = subprocess.run([sys.executable, "-m", "mmlake.flows.cli", "ops", "verify", "--no-regenerate"],
                           capture_output=True, text=True, env=env, cwd=Path(__file__).parents[2], timeout=120)
     assert proc.returncode == 1
     assert "image_preprocess@1" in proc.stdout and "FAILED" in proc.stdout
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
     assert errors == [errors[0]] and errors[0].startswith("mmlake: error: 1 of 5 operator models failed")
+
+
+def test_build_generated_checks_or_pins_each_generated_model(tmp_path: Path) -> None:
+    """``mmlake ops build`` (build_generated -> Registry.regenerate): a generated model is rebuilt into
+    the cache folder and must reproduce its recorded hash; one without a hash has it pinned on export."""
+    from mmlake.preprocessing.build import build_generated
+
+    doc = json.loads(DEFAULT_MANIFEST.read_text())
+    small = doc["models"]["image_preprocess@1"]
+    doc["models"] = {"image_preprocess@1": {**small, "file": None, "generated": True}}
+    doc["operators"], doc["defaults"] = {}, {}
+    registry = Registry(doc, DEFAULT_MANIFEST.parent, tmp_path / "cache")
+    ((ref, path),) = build_generated(registry)
+    assert ref == "image_preprocess@1" and path.parent == tmp_path / "cache"
+    assert sha256_hex(path.read_bytes()) == small["sha256"]
+
+    doc["models"]["image_preprocess@1"]["sha256"] = "0" * 64
+    with pytest.raises(OperatorIntegrityError, match="regenerating image_preprocess@1 gave SHA-256 9c7f"):
+        build_generated(Registry(doc, DEFAULT_MANIFEST.parent, tmp_path / "cache"))
+
+    doc["models"]["image_preprocess@1"]["sha256"] = None  # e.g. a model of a local checkpoint
+    pinned = Registry(doc, DEFAULT_MANIFEST.parent, tmp_path / "other")
+    build_generated(pinned)
+    assert pinned.expected_sha256(pinned.models["image_preprocess@1"]) == small["sha256"]
+    assert pinned.model_bytes(pinned.models["image_preprocess@1"]) == path.read_bytes()
