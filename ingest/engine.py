@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from mmlake import lake
-from mmlake.errors import CommitConflictError, CommitRaceLost
+from mmlake.errors import CommitConflictError, CommitRaceLost, MmlakeError
 from mmlake.ingest import tables as ingest_tables
 from mmlake.ingest import wire
 from mmlake.ingest._faults import crash_point
+from mmlake.ingest.errors import IngestError, TopicNotFoundError
 from mmlake.ingest.settings import IngestSettings
 from mmlake.ingest.source import KafkaSource
 from mmlake.ingest.tables import HEADERS_TYPE, TABLES
@@ -99,7 +100,7 @@ class _Batch:
     last_offset: dict[int, int]
     first_offset: dict[int, int]
     duplicates: int
-    new_ids: dict[str, int]
+    new_ids: dict[str, tuple[int, str]]
 
 
 class IngestRun:
@@ -127,11 +128,12 @@ class IngestRun:
         self.on_batch = on_batch
         self.tables = self.settings.tables(stream)
         self.lateness_us = int(self.settings.allowed_lateness_s * 1_000_000)
+        self.skew_us = int(self.settings.max_future_skew * 1_000_000)
         self.summary = IngestSummary(stream=stream, topic=topic)
         self._dts: dict[str, DeltaTable] = {}
         self._committed: dict[str, dict[int, int]] = {}
         self._max_event: dict[int, int | None] = {}
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str, tuple[int, str]] = {}  # record id -> (event time, payload SHA-256)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -173,30 +175,37 @@ class IngestRun:
             cut = pa.scalar(cutoff, UTC_US)
             day = pa.scalar(lake.day_of(cutoff), pa.date32())
             expr = (ds.field("event_date") >= day) & (ds.field("event_time") >= cut)
-        table = lake.scan(dt, ["record_id", "event_time"], expr)
+        table = lake.scan(dt, ["record_id", "event_time", "payload_sha256"], expr)
         ids = table.column("record_id").to_pylist()
         times = table.column("event_time").cast(pa.int64()).to_pylist()
-        self._seen = dict(zip(ids, times))
+        shas = table.column("payload_sha256").to_pylist()
+        self._seen = dict(zip(ids, zip(times, shas, strict=True), strict=True))
 
     def _prune_seen(self) -> None:
         cutoff = self._horizon_us()
         if cutoff is not None and self._seen:
-            self._seen = {rid: t for rid, t in self._seen.items() if t >= cutoff}
+            self._seen = {rid: seen for rid, seen in self._seen.items() if seen[0] >= cutoff}
 
     # -- one batch -----------------------------------------------------------------------------
 
     def _route(self, records: list[Any]) -> _Batch:
+        """Every record to exactly one of raw, late or dlq, or counted as a duplicate (see the module
+        docstring). A record whose routing fails in a way no check foresaw is dead-lettered too
+        (``undecodable_record``): no record stops the stream."""
         now_us = time.time_ns() // 1000
         rows = {name: _Columns(schema) for name, (schema, _) in TABLES.items()}
-        candidates: list[tuple[Any, wire.Accepted]] = []
+        accepted: list[tuple[Any, wire.Accepted]] = []
         last: dict[int, int] = {}
         first: dict[int, int] = {}
-        max_bytes = self.settings.max_payload_bytes
         for rec in records:  # offset order within each partition
             p = rec.partition
             first.setdefault(p, rec.offset)
             last[p] = rec.offset
-            result = wire.decode(rec.key, rec.value, rec.headers, max_payload_bytes=max_bytes)
+            try:
+                result = self._decode(rec)
+            except Exception as err:  # noqa: BLE001 - a bug must not become a poison pill
+                result = wire.Rejected(wire.Reason.UNDECODABLE_RECORD,
+                                       f"routing failed: {type(err).__name__}: {err}".splitlines()[0])
             if isinstance(result, wire.Rejected):
                 if rec.offset > self._committed["dlq"][p]:
                     rows["dlq"].add_rejected(self.topic, rec, result, now_us)
@@ -210,19 +219,44 @@ class IngestRun:
                 continue
             if mx is None or result.event_time_us > mx:
                 self._max_event[p] = result.event_time_us
-            if rec.offset > self._committed["raw"][p]:
-                candidates.append((rec, result))
-        # De-duplicate in event-time order, so the earliest copy is the one kept.
-        candidates.sort(key=lambda c: (c[1].event_time_us, c[0].partition, c[0].offset))
-        new_ids: dict[str, int] = {}
+            accepted.append((rec, result))
+        # De-duplicate in event-time order, so the earliest copy is the one kept. A record id seen
+        # before (in raw, or earlier in this batch) with the same payload is a duplicate; with other
+        # bytes it is a conflict, dead-lettered. Records raw already holds are judged again, so that
+        # a replay after a crash routes their conflicts to dlq as the first attempt did.
+        accepted.sort(key=lambda c: (c[1].event_time_us, c[0].partition, c[0].offset))
+        new_ids: dict[str, tuple[int, str]] = {}
         duplicates = 0
-        for rec, acc in candidates:
-            if acc.record_id in self._seen or acc.record_id in new_ids:
-                duplicates += 1
+        for rec, acc in accepted:
+            p = rec.partition
+            known = self._seen.get(acc.record_id) or new_ids.get(acc.record_id)
+            if known is not None:
+                if known[1] == acc.payload_sha256:
+                    duplicates += int(rec.offset > self._committed["raw"][p])
+                elif rec.offset > self._committed["dlq"][p]:
+                    rows["dlq"].add_rejected(self.topic, rec, wire.Rejected(
+                        wire.Reason.RECORD_ID_CONFLICT,
+                        f"record id {acc.record_id[:80]!r} was already ingested with other bytes (payload "
+                        f"SHA-256 {known[1][:16]}..., this one {acc.payload_sha256[:16]}...)"), now_us)
                 continue
-            new_ids[acc.record_id] = acc.event_time_us
-            rows["raw"].add_accepted(self.topic, rec, acc, now_us)
+            if rec.offset > self._committed["raw"][p]:
+                new_ids[acc.record_id] = (acc.event_time_us, acc.payload_sha256)
+                rows["raw"].add_accepted(self.topic, rec, acc, now_us)
         return _Batch(rows, last, first, duplicates, new_ids)
+
+    def _decode(self, rec: Any) -> wire.Accepted | wire.Rejected:
+        """The record against the wire contract, with the future-time guard: its event time may lie at
+        most ``max_future_skew`` past its Kafka timestamp (part of the record, so a re-read decides the
+        same way), or, for a record without one, past the newest event time of its partition."""
+        undecodable = getattr(rec, "undecodable", None)
+        if undecodable:
+            return wire.Rejected(wire.Reason.UNDECODABLE_RECORD, undecodable)
+        reference = kafka_timestamp_us(rec.timestamp)
+        if reference is None:
+            reference = self._max_event.get(rec.partition)
+        not_after = None if reference is None else reference + self.skew_us
+        return wire.decode(rec.key, rec.value, rec.headers, max_payload_bytes=self.settings.max_payload_bytes,
+                           not_after_us=not_after)
 
     def _commit(self, batch: _Batch) -> None:
         """Commit the batch to dlq, late and raw, each with its offsets; raises CommitRaceLost."""
@@ -307,6 +341,10 @@ class IngestRun:
         try:
             assigned = self.partitions if self.partitions is not None else source.available_partitions
             source_partitions = source.available_partitions
+            missing = sorted(set(assigned) - set(source_partitions))
+            if missing:  # before any table is created
+                raise TopicNotFoundError(f"topic {self.topic!r} has no partition {missing[0]} "
+                                         f"(it has {len(source_partitions)})")
             resume = self._load_state(source_partitions, [p for p in assigned if p in source_partitions])
             source.assign({p: resume.get(p, 0) for p in assigned}, bounded=not self.follow)
             self._loop(source, list(assigned), source_partitions)
@@ -346,9 +384,8 @@ class IngestRun:
                     continue
                 if room_after(read + len(records)) > 0 and not source.done():
                     pending = fetch(read + len(records))
-                batch = self._route(records)
                 try:
-                    self._commit(batch)
+                    self._commit(self._route(records))
                 except CommitRaceLost:
                     _drain(pending)
                     pending = None
@@ -364,6 +401,11 @@ class IngestRun:
                     resume = self._load_state(all_partitions, assigned)
                     source.seek({p: resume[p] for p in assigned})
                     continue
+                except MmlakeError:
+                    raise
+                except Exception as err:
+                    raise IngestError(f"ingest of {self.topic!r} into {self.stream!r} failed on "
+                                      f"{_spans(records)}: {type(err).__name__}: {err}".splitlines()[0]) from err
                 streak = 0
                 read += len(records)
                 self.summary.batches += 1
@@ -378,6 +420,24 @@ class IngestRun:
         known = [self._max_event.get(p) for p in assigned]
         if known and all(m is not None for m in known):
             self.summary.watermark_us = min(m for m in known if m is not None) - self.lateness_us
+
+
+def _spans(records: list[Any]) -> str:
+    """``partition 0 offsets 10-20, partition 1 offset 7``: where a batch lies, for error messages."""
+    bounds: dict[int, list[int]] = {}
+    for rec in records:
+        span = bounds.setdefault(rec.partition, [rec.offset, rec.offset])
+        span[0], span[1] = min(span[0], rec.offset), max(span[1], rec.offset)
+    return ", ".join(f"partition {p} offset{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''}"
+                     for p, (a, b) in sorted(bounds.items()))
+
+
+def kafka_timestamp_us(timestamp_ms: int | None) -> int | None:
+    """A Kafka record timestamp (ms; None or negative: none) as µs, None outside the supported range."""
+    if timestamp_ms is None or timestamp_ms < 0:
+        return None
+    us = timestamp_ms * 1000
+    return us if lake.in_range(us) else None
 
 
 def _drain(pending: Any) -> None:
@@ -441,7 +501,7 @@ class _Columns:
         d["error_code"].append(rej.reason.value)
         d["error"].append(rej.message)
         d["payload"].append(rec.value)
-        d["kafka_timestamp"].append(rec.timestamp * 1000 if rec.timestamp is not None else None)
+        d["kafka_timestamp"].append(kafka_timestamp_us(rec.timestamp))
         self.add_kafka(topic, rec, now_us)
 
     def table(self) -> pa.Table:

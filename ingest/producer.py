@@ -47,6 +47,22 @@ def topic_exists(bootstrap: str, topic: str, timeout_s: float = 10.0) -> bool:
         admin.close()
 
 
+def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[int]:
+    """The partition numbers of ``topic`` (empty when it does not exist)."""
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaError
+
+    wait_for_kafka(bootstrap, timeout_s)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             request_timeout_ms=int(max(timeout_s, 5) * 1000) + 1000)
+    try:
+        return sorted(consumer.partitions_for_topic(topic) or [])
+    except KafkaError as err:
+        raise BrokerUnavailableError(f"cannot read the partitions of {topic!r} at {bootstrap}: {err}") from err
+    finally:
+        consumer.close()
+
+
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: float = 10.0) -> None:
     """Create ``topic`` with ``partitions`` partitions unless it exists."""
     from kafka import KafkaAdminClient
@@ -177,41 +193,58 @@ def parts_from_manifest(manifest: Path) -> Iterator[Part]:
     Relative paths are taken from the manifest's folder. A bad line raises :class:`InputError` naming it.
     """
     base = manifest.parent
-    with manifest.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{manifest}:{number}"
+    try:
+        lines = manifest.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise InputError(f"{manifest}: not UTF-8 text (byte {err.start}); a manifest is JSON lines") from None
+    except OSError as err:
+        raise InputError(f"cannot read {manifest}: {err.strerror}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{manifest}:{number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{where}: not JSON ({err.msg})") from None
+        if not isinstance(item, dict):
+            raise InputError(f"{where}: expected a JSON object")
+        if "event_time" not in item:
+            raise InputError(f"{where}: missing event_time")
+        event_time = item["event_time"]
+        if isinstance(event_time, bool) or not isinstance(event_time, (str, int)):
+            raise InputError(f"{where}: event_time must be RFC 3339 text or integer epoch milliseconds")
+        try:
+            wire.parse_event_time(str(event_time))
+        except ValueError as err:
+            raise InputError(f"{where}: event_time {err}") from None
+        for name in ("modality", "sample_id", "content_type", "record_id", "text", "path"):
+            if name in item and not isinstance(item[name], str):
+                raise InputError(f"{where}: {name} must be a string")
+        if "text" in item:
+            payload, modality = str(item["text"]).encode(), item.get("modality", "text")
+        elif "path" in item:
+            path = Path(item["path"])
+            path = path if path.is_absolute() else base / path
             try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{where}: not JSON ({err.msg})") from None
-            if not isinstance(item, dict):
-                raise InputError(f"{where}: expected a JSON object")
-            if "event_time" not in item:
-                raise InputError(f"{where}: missing event_time")
-            if "text" in item:
-                payload, modality = str(item["text"]).encode(), item.get("modality", "text")
-            elif "path" in item:
-                path = Path(item["path"])
-                path = path if path.is_absolute() else base / path
-                try:
-                    payload = path.read_bytes()
-                except OSError as err:
-                    raise InputError(f"{where}: cannot read {path}: {err.strerror}") from None
-                modality = item.get("modality") or EXTENSION_MODALITY.get(path.suffix.lower())
-                if modality is None:
-                    raise InputError(f"{where}: cannot tell the modality of {path.name}; add 'modality'")
-            else:
-                raise InputError(f"{where}: needs 'path' or 'text'")
-            yield Part(
-                payload=payload,
-                modality=str(modality),
-                event_time=str(item["event_time"]),
-                sample_id=item.get("sample_id"),
-                content_type=item.get("content_type"),
-                record_id=item.get("record_id"),
-            )
+                payload = path.read_bytes()
+            except OSError as err:
+                raise InputError(f"{where}: cannot read {path}: {err.strerror}") from None
+            modality = item.get("modality") or EXTENSION_MODALITY.get(path.suffix.lower())
+            if modality is None:
+                raise InputError(f"{where}: cannot tell the modality of {path.name}; add 'modality'")
+        else:
+            raise InputError(f"{where}: needs 'path' or 'text'")
+        if modality not in wire.MODALITIES:
+            raise InputError(f"{where}: modality {modality!r} is not one of {', '.join(wire.MODALITIES)}")
+        yield Part(
+            payload=payload,
+            modality=str(modality),
+            event_time=str(item["event_time"]),
+            sample_id=item.get("sample_id"),
+            content_type=item.get("content_type"),
+            record_id=item.get("record_id"),
+        )
 
 
 def produce_path(

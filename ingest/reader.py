@@ -90,6 +90,25 @@ def read_stream(
         cursor = upper
 
 
+def count_rows(lake: str, stream: str, start: datetime | str | int | None = None,
+               end: datetime | str | int | None = None, *, table: str = "raw",
+               storage_options: dict[str, str] | None = None) -> int:
+    """How many rows :func:`read_stream` yields for the same arguments (0 without the table)."""
+    import pyarrow.dataset as ds
+
+    lo, hi = to_epoch_us(start), to_epoch_us(end)
+    dt = StreamTables(lake, stream, storage_options or {}).open(table)
+    if dt is None:
+        return 0
+    expr = None
+    if lo is not None:
+        expr = ds.field("event_time") >= pa.scalar(lo, UTC_US)
+    if hi is not None:
+        upper = ds.field("event_time") < pa.scalar(hi, UTC_US)
+        expr = upper if expr is None else expr & upper
+    return int(dt.to_pyarrow_dataset().count_rows(filter=expr))
+
+
 def read_table(lake: str, stream: str, **kwargs: Any) -> pa.Table:
     """All of :func:`read_stream` as one table (convenient for small ranges and tests)."""
     batches = list(read_stream(lake, stream, **kwargs))

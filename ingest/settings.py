@@ -31,6 +31,15 @@ class IngestSettings(LakeSettings):
         ge=0,
         description="Watermark = max event time seen minus this; records behind it go to `late`.",
     )
+    max_future_skew: float = Field(
+        86_400.0,
+        ge=0,
+        description=(
+            "Seconds an event time may lie ahead of the record's Kafka timestamp (or, without one, of "
+            "its partition's newest event time); further ahead it is dead-lettered as event_time_in_future "
+            "and does not move the watermark."
+        ),
+    )
     max_payload_bytes: int = Field(
         16 * 1024 * 1024,
         gt=0,

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mmlake.ingest.broker import wait_for_kafka
-from mmlake.ingest.errors import BrokerUnavailableError, TopicNotFoundError
+from mmlake.ingest.errors import BrokerUnavailableError, IngestError, TopicNotFoundError
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -52,6 +52,7 @@ class KafkaSource:
         self._assigned: list[int] = []
         self._last_progress = time.monotonic()
         self._pool: Any = None
+        self._detour: Any = None  # librdkafka, for what kafka-python cannot decode (opened when needed)
 
     def assign(self, start: dict[int, int], *, bounded: bool) -> None:
         """Read each partition in ``start`` from its offset; bounded runs stop at the high watermark."""
@@ -111,6 +112,8 @@ class KafkaSource:
 
         Raises :class:`BrokerUnavailableError` when no progress was possible for the timeout.
         """
+        from kafka.errors import CorruptRecordError
+
         out: list[Any] = []
         size = 0
         deadline = time.monotonic() + wait_s
@@ -120,9 +123,16 @@ class KafkaSource:
             remaining = deadline - time.monotonic()
             if remaining <= 0 and (out or not self._bounded):
                 break
-            polled = self._consumer.poll(
-                timeout_ms=int(max(remaining, 0.05) * 1000), max_records=max_records - len(out)
-            )
+            try:
+                polled = self._consumer.poll(
+                    timeout_ms=int(max(remaining, 0.05) * 1000), max_records=max_records - len(out)
+                )
+            except CorruptRecordError as err:
+                recovered = self._recover(err, max_records - len(out), max_bytes - size)
+                out.extend(recovered)
+                size += sum(len(r.value or b"") for r in recovered)
+                self._last_progress = time.monotonic()
+                continue
             self._learn_bounds()
             for tp, batch in sorted(polled.items(), key=lambda item: item[0].partition):
                 bound = self._bounds.get(tp.partition) if self._bounded else None
@@ -158,7 +168,36 @@ class KafkaSource:
             used += len(batch[i].value or b"")
         return batch[:end]
 
+    def _recover(self, err: Exception, max_records: int, max_bytes: int) -> list[Any]:
+        """kafka-python could not decode the next records of some partition: read the next stretch of
+        every partition still to read through librdkafka (see :mod:`mmlake.ingest.recovery`) and move
+        kafka-python past it. A partition is never left stuck."""
+        from mmlake.ingest.recovery import DETOUR_RECORDS, Detour
+
+        positions, bounds = {}, {}
+        for p in self._assigned:
+            at = self._consumer.position(self._tp(self.topic, p))
+            bound = self._bounds.get(p) if self._bounded else None
+            if bound is None or at < bound:
+                positions[p], bounds[p] = at, bound
+        if self._detour is None:
+            self._detour = Detour(self.bootstrap, self.topic, self._timeout_s)
+        records = self._detour.read(positions, bounds, max(1, min(max_records, DETOUR_RECORDS)), max(1, max_bytes))
+        if not records:
+            reason = (str(err) or type(err).__name__).splitlines()[0]
+            where = ", ".join(f"partition {p} offset {at}" for p, at in sorted(positions.items()))
+            raise IngestError(f"kafka-python cannot decode a record of {self.topic!r} ({reason}) and librdkafka "
+                              f"finds none at {where or 'the assigned partitions'}")
+        moved = {}
+        for rec in records:
+            moved[rec.partition] = rec.offset + 1
+        for p, offset in moved.items():
+            self._consumer.seek(self._tp(self.topic, p), offset)
+        return records
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._detour is not None:
+            self._detour.close()
         self._consumer.close()

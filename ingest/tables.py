@@ -52,11 +52,13 @@ DLQ_SCHEMA = pa.schema(
     ]
 )
 
-#: Table name -> (schema, partition columns). Order is the commit order of a micro-batch.
+#: Table name -> (schema, partition columns). Order is the commit order of a micro-batch: raw first,
+#: so that the routing that depends on raw (duplicates, record-id conflicts) is pinned by raw's commit
+#: before a side table records its outcome (a replay after a crash then decides the same way).
 TABLES: dict[str, tuple[pa.Schema, list[str]]] = {
-    "dlq": (DLQ_SCHEMA, []),
-    "late": (LATE_SCHEMA, ["event_date"]),
     "raw": (RAW_SCHEMA, ["event_date"]),
+    "late": (LATE_SCHEMA, ["event_date"]),
+    "dlq": (DLQ_SCHEMA, []),
 }
 
 

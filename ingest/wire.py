@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import NamedTuple
 
-from mmlake.lake import parse_event_time
+from mmlake.lake import EventTimeOutOfRange, format_us, parse_event_time
 
 HEADER_EVENT_TIME = "mm-event-time"
 HEADER_MODALITY = "mm-modality"
@@ -23,14 +23,17 @@ HEADER_SAMPLE_ID = "mm-sample-id"
 
 MODALITIES = ("image", "audio", "text")
 
-Headers = Sequence[tuple[str, bytes]]
+Headers = Sequence[tuple[str, bytes | None]]
 
 
 class Reason(str, Enum):
     """Why a record went to the dead-letter table. The value is stored in ``dlq.error_code``."""
 
+    MISSING_VALUE = "missing_value"
     MISSING_EVENT_TIME = "missing_event_time"
     BAD_EVENT_TIME = "bad_event_time"
+    EVENT_TIME_OUT_OF_RANGE = "event_time_out_of_range"
+    EVENT_TIME_IN_FUTURE = "event_time_in_future"
     MISSING_MODALITY = "missing_modality"
     UNKNOWN_MODALITY = "unknown_modality"
     BAD_HEADER = "bad_header"
@@ -39,6 +42,9 @@ class Reason(str, Enum):
     UNDECODABLE_IMAGE = "undecodable_image"
     UNDECODABLE_AUDIO = "undecodable_audio"
     INVALID_TEXT = "invalid_text"
+    #: Decided by the engine, not by the record alone:
+    RECORD_ID_CONFLICT = "record_id_conflict"
+    UNDECODABLE_RECORD = "undecodable_record"
 
 
 class Accepted(NamedTuple):
@@ -88,8 +94,14 @@ def sniff_content_type(modality: str, payload: bytes) -> str | None:
 
 
 def _header_map(headers: Headers) -> dict[str, bytes]:
-    # The last value of a repeated header wins, as most Kafka clients read them.
-    return {key.lower(): value for key, value in headers}
+    # The last value of a repeated header wins, as most Kafka clients read them; a null value is absent.
+    out: dict[str, bytes] = {}
+    for key, value in headers:
+        if value is None:
+            out.pop(key.lower(), None)
+        else:
+            out[key.lower()] = value
+    return out
 
 
 def _check_image(payload: bytes) -> str | None:
@@ -153,9 +165,16 @@ def decode(
     headers: Headers,
     *,
     max_payload_bytes: int,
+    not_after_us: int | None = None,
 ) -> Accepted | Rejected:
-    """Check one record against the wire contract. Never raises on bad input."""
-    payload = value or b""
+    """Check one record against the wire contract. Never raises on bad input.
+
+    ``not_after_us``: the latest event time accepted (the future-time guard: the engine passes the
+    record's Kafka timestamp plus the allowed skew); None: no bound but the supported range.
+    """
+    if value is None:
+        return Rejected(Reason.MISSING_VALUE, "the record has no value (a tombstone)")
+    payload = value
     try:
         fields = {name: raw.decode("utf-8") for name, raw in _header_map(headers).items()}
     except UnicodeDecodeError:
@@ -173,8 +192,14 @@ def decode(
         return Rejected(Reason.MISSING_EVENT_TIME, f"header {HEADER_EVENT_TIME} is missing")
     try:
         event_time_us = parse_event_time(raw_time)
-    except (ValueError, OverflowError) as err:
+    except EventTimeOutOfRange as err:
+        return Rejected(Reason.EVENT_TIME_OUT_OF_RANGE, f"header {HEADER_EVENT_TIME}: {err}")
+    except ValueError as err:
         return Rejected(Reason.BAD_EVENT_TIME, f"header {HEADER_EVENT_TIME} is unusable: {err}")
+    if not_after_us is not None and event_time_us > not_after_us:
+        return Rejected(Reason.EVENT_TIME_IN_FUTURE,
+                        f"event time {format_us(event_time_us)} is beyond {format_us(not_after_us)}, the latest "
+                        "the future-time guard allows for this record (MMLAKE_MAX_FUTURE_SKEW)")
 
     modality = fields.get(HEADER_MODALITY)
     if modality is None:

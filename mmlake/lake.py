@@ -16,9 +16,11 @@ with :class:`~mmlake.errors.CommitRaceLost` and the writer re-plans.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timedelta, timezone
+from datetime import time as dtime
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 UTC_US = pa.timestamp("us", tz="UTC")
 US_PER_DAY = 86_400_000_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 
 
 # -- event time ---------------------------------------------------------------------------------
@@ -56,30 +58,72 @@ def days(lo_us: int, hi_us: int) -> list[tuple[int, int]]:
     return out
 
 
+#: The event times the tables hold: years 1 to 9999 in UTC, what RFC 3339's four-digit years, Python's
+#: datetime and Delta's date partition values all share.
+MIN_EVENT_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z
+MAX_EVENT_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))")
+_EPOCH_MS = re.compile(r"-?[0-9]+")
+
+
+class EventTimeOutOfRange(ValueError):
+    """A well-formed event time outside ``MIN_EVENT_US .. MAX_EVENT_US``."""
+
+
+def in_range(us: int) -> bool:
+    """Whether ``us`` lies in the range the tables hold (years 1 to 9999, UTC)."""
+    return MIN_EVENT_US <= us <= MAX_EVENT_US
+
+
 def parse_event_time(text: str) -> int:
     """Parse an event time into UTC epoch microseconds.
 
-    Accepts an integer of epoch milliseconds or an RFC 3339 timestamp with a UTC offset (``Z`` or
-    ``+hh:mm``). Raises ``ValueError`` with a one-line message otherwise.
+    Accepts RFC 3339 with a UTC offset (``Z`` or ``+hh:mm``; a lower-case ``t`` and ``z`` are allowed,
+    fractions beyond microseconds are cut) or an integer of epoch milliseconds, in ASCII digits, with
+    no surrounding space. Anything else (ISO 8601's basic or week forms, a missing offset or seconds,
+    other digits) raises ``ValueError`` with a one-line message; a time outside years 1 to 9999 raises
+    :class:`EventTimeOutOfRange`.
 
     >>> parse_event_time("1700000000000")
     1700000000000000
     >>> parse_event_time("2023-11-14T22:13:20.5+00:00")
     1700000000500000
     """
-    text = text.strip()
     if not text:
         raise ValueError("empty")
-    if text.lstrip("-").isdigit():
-        return int(text) * 1000
-    try:
-        parsed = datetime.fromisoformat(text.upper())  # RFC 3339 allows a lower-case t and z
-    except ValueError:
-        raise ValueError(f"not RFC 3339 or epoch milliseconds: {text!r}") from None
-    if parsed.tzinfo is None or "T" not in text.upper():
-        raise ValueError(f"RFC 3339 needs a date, a time and a UTC offset: {text!r}")
-    delta = parsed - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if _EPOCH_MS.fullmatch(text):
+        digits = text.lstrip("-")
+        if len(digits) > 16:  # beyond ~317,000 years: out of range before int() has to cope with it
+            raise EventTimeOutOfRange(f"{text[:24]}{'...' if len(text) > 24 else ''} is outside years 1..9999 (UTC)")
+        us = int(text) * 1000
+    else:
+        m = _RFC3339.fullmatch(text)
+        if m is None:
+            raise ValueError(f"not RFC 3339 (YYYY-MM-DDTHH:MM:SS[.frac](Z|+hh:mm)) or epoch milliseconds: "
+                             f"{text[:64]!r}")
+        year, month, day, hour, minute, second = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
+        if second == 60:
+            raise ValueError(f"leap seconds are not supported: {text[:64]!r}")
+        try:
+            day_number = date(year, month, day).toordinal() - _EPOCH_ORDINAL
+            clock = dtime(hour, minute, second)
+        except ValueError as err:
+            raise ValueError(f"{err}: {text[:64]!r}") from None
+        offset_s = 0
+        if m.group(9):
+            off_h, off_m = int(m.group(10)), int(m.group(11))
+            if off_h > 23 or off_m > 59:
+                raise ValueError(f"UTC offset out of range: {text[:64]!r}")
+            offset_s = (off_h * 3600 + off_m * 60) * (1 if m.group(9) == "+" else -1)
+        fraction = int((m.group(7) or "0")[:6].ljust(6, "0"))
+        seconds = day_number * 86_400 + clock.hour * 3600 + clock.minute * 60 + clock.second - offset_s
+        us = seconds * 1_000_000 + fraction
+    if not in_range(us):
+        raise EventTimeOutOfRange(f"{text[:64]} is outside years 1..9999 (UTC)")
+    return us
 
 
 def to_epoch_us(value: datetime | str | int | None) -> int | None:
@@ -90,7 +134,7 @@ def to_epoch_us(value: datetime | str | int | None) -> int | None:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise InputError("time bounds need a timezone (naive datetimes are ambiguous)")
-        return parse_event_time(value.isoformat())
+        return (value - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
     try:
         return parse_event_time(str(value))
     except ValueError as err:
@@ -136,6 +180,31 @@ def lake_root(lake: str) -> str:
     if "://" not in lake:
         lake = os.path.abspath(lake)
     return lake.rstrip("/")
+
+
+def check_lake(lake: str, *, create: bool = False) -> None:
+    """A one-line :class:`InputError` for a local lake that cannot be one: a path on a file, or under a
+    folder that is not writable; with ``create``, the lake's folder is made now (a writer's first step),
+    so that a path no folder can exist at (under ``/proc``, say) is refused before any work starts.
+    Object-store lakes are checked by their first request."""
+    if not is_local(lake):
+        return
+    path = os.path.abspath(lake.removeprefix("file://"))
+    if create and not os.path.isdir(path):
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as err:
+            raise InputError(f"cannot create the lake folder {path}: {err.strerror or err}") from None
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise InputError(f"lake {lake} cannot be a folder: {probe} is a file")
+    if probe != path and not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"lake {lake} cannot be created: {probe} is not writable")
 
 
 def table_uri(lake: str, stream: str, table: str) -> str:

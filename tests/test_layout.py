@@ -34,8 +34,20 @@ def _python_files(*folders: str) -> list[Path]:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import in the file, at any depth (function-level too)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    """(line, absolute module name) of every import in the file, at any depth (function-level too), and
+    in string constants that are code (``python -c`` programs a test starts)."""
+    found = _imports_in(ast.parse(path.read_text(), filename=str(path)))
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+            try:
+                program = ast.parse(node.value)
+            except SyntaxError:
+                continue
+            found += [(node.lineno, module) for _, module in _imports_in(program)]
+    return found
+
+
+def _imports_in(tree: ast.AST) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

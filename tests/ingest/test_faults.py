@@ -18,7 +18,7 @@ from tests.fixtures.data import kafka_positions, table_rows
 from tests.fixtures.streams import Expected, produce_mixed
 
 RUN = (
-    "import sys; from ingest import IngestSettings, run_ingest; "
+    "import sys; from mmlake.ingest import IngestSettings, run_ingest; "
     "print(run_ingest(sys.argv[1], sys.argv[2], IngestSettings()).line())"
 )
 
@@ -30,8 +30,8 @@ def _env(settings: IngestSettings, **extra: str) -> dict[str, str]:
         MMLAKE_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
         MMLAKE_ALLOWED_LATENESS_S="120",
         MMLAKE_BATCH_MAX_RECORDS="7",
-        **extra,
     )
+    env.update(extra)
     return env
 
 
@@ -160,7 +160,7 @@ def test_broker_that_goes_away_mid_run(tmp_path) -> None:
 
 
 RUN_PARTITIONS = (
-    "import sys; from ingest import IngestSettings, run_ingest; "
+    "import sys; from mmlake.ingest import IngestSettings, run_ingest; "
     "s = run_ingest(sys.argv[1], sys.argv[2], IngestSettings(), partitions=[int(p) for p in sys.argv[3].split(',')]); "
     "print(sorted(s.offsets))"
 )
@@ -180,3 +180,32 @@ def test_two_workers_split_one_topic_by_partition(producer, new_topic, settings)
         assert proc.returncode == 0, err
     assert [out.strip() for out, _ in outputs] == ["[0, 2]", "[1, 3]"]
     _assert_exactly_once(settings, exp)
+
+
+def test_a_record_id_conflict_survives_a_kill_between_raw_and_dlq(broker, new_topic, settings) -> None:
+    """Raw commits first: which copy of a reused record id is the original is pinned before the
+    conflict is dead-lettered, so a replay that cuts its batches differently decides the same way."""
+    from deltalake import DeltaTable
+
+    from tests.fixtures.rawkafka import RawRecord, produce_raw
+
+    topic = new_topic(partitions=2)
+    base = 1_767_225_600_000
+    text = [(b"mm-modality", b"text"), (b"mm-record-id", b"reused")]
+    produce_raw(broker.bootstrap, topic, 0, [RawRecord(b"the original", headers=[*text, (b"mm-event-time", str(base + 1).encode())], timestamp_ms=base)])
+    produce_raw(broker.bootstrap, topic, 1, [RawRecord(b"the impostor", headers=[*text, (b"mm-event-time", str(base + 2).encode())], timestamp_ms=base)])
+    for p in (0, 1):
+        produce_raw(broker.bootstrap, topic, p, [RawRecord(f"normal {p}".encode(), headers=[
+            (b"mm-modality", b"text"), (b"mm-event-time", str(base + 10 + p).encode())], timestamp_ms=base)])
+    proc = _ingest_process(settings, topic, MMLAKE_FAULT_KILL_AT="after_commit:raw:1", MMLAKE_BATCH_MAX_RECORDS="100")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    assert DeltaTable(f"{settings.lake}/s/dlq").to_pyarrow_table().num_rows == 0  # killed before dlq's commit
+    rerun = run_ingest(topic, "s", settings.with_overrides(batch_max_records=1))  # other batch boundaries
+    assert (rerun.accepted, rerun.dead_lettered) == (0, 1)
+    raw = sorted(r["payload"] for r in table_rows(settings.lake, "s", "raw"))
+    assert raw == [b"normal 0", b"normal 1", b"the original"]
+    (dead,) = table_rows(settings.lake, "s", "dlq")
+    assert (dead["payload"], dead["error_code"], dead["kafka_partition"]) == (b"the impostor", "record_id_conflict", 1)
+    positions = kafka_positions(settings.lake, "s")
+    assert sorted((p, o) for _, p, o in positions) == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -52,14 +52,30 @@ def test_manifest(broker, settings, tmp_path) -> None:
         ('{"event_time": 1}', "m.jsonl:2: needs 'path' or 'text'"),
         ('{"path": "gone.png", "event_time": 1}', "m.jsonl:2: cannot read"),
         ('{"path": "a.bin", "event_time": 1}', "cannot tell the modality"),
+        ('{"text": "x", "event_time": "20260101T000000Z"}', "m.jsonl:2: event_time not RFC 3339"),
+        ('{"text": "x", "event_time": 1000000000000000}', "m.jsonl:2: event_time .* outside years 1..9999"),
+        ('{"text": "x", "event_time": true}', "m.jsonl:2: event_time must be RFC 3339 text or integer"),
+        ('{"text": "x", "event_time": 1, "sample_id": 7}', "m.jsonl:2: sample_id must be a string"),
+        ('{"text": "x", "event_time": 1, "modality": "video"}', "m.jsonl:2: modality 'video' is not one of"),
     ],
 )
 def test_bad_manifest_lines_are_named(broker, tmp_path, line, message) -> None:
+    from mmlake.ingest.producer import topic_exists
+
     (tmp_path / "a.bin").write_bytes(b"?")
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"text": "ok", "event_time": 1}\n' + line + "\n")
+    topic = f"bad-manifest-{abs(hash(line))}"
     with pytest.raises(InputError, match=message):
-        produce_path(manifest, "bad-manifest", broker.bootstrap)
+        produce_path(manifest, topic, broker.bootstrap)
+    assert not topic_exists(broker.bootstrap, topic), "nothing is sent (or created) before the whole manifest is checked"
+
+
+def test_a_manifest_that_is_not_utf8_is_one_line(broker, tmp_path) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_bytes(b'{"text": "caf\xe9", "event_time": 1}\n')
+    with pytest.raises(InputError, match="m.jsonl: not UTF-8 text"):
+        produce_path(manifest, "bad-encoding", broker.bootstrap)
 
 
 def test_missing_path(broker, tmp_path) -> None:
