@@ -1,4 +1,4 @@
-"""The SafeCache v1 HTTP API (FastAPI), as ARCHITECTURE.md specifies it.
+"""The SafeCache v1 HTTP API (FastAPI), as docs/cache.md describes it.
 
 Every route but ``/healthz`` needs ``Authorization: Bearer <token>``; the token names the tenant, and a
 tenant sees only its own entries. Bodies are read with a hard size limit (413 past it), and every bad
@@ -30,6 +30,8 @@ def load_tokens(path: str) -> dict[str, str]:
             data = json.load(handle)
     except OSError as err:
         raise CacheError(f"cannot read tokens file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise CacheError(f"tokens file {path} is not UTF-8 text (byte {err.start})") from None
     except json.JSONDecodeError as err:
         raise CacheError(f"tokens file {path} is not JSON: {err.msg}") from None
     if not isinstance(data, dict) or not data or not all(

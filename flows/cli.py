@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmlake.errors import MmlakeError
+from mmlake.errors import InputError, MmlakeError
 
 
 def _non_negative_int(text: str) -> int:
@@ -45,6 +45,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {value}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -55,14 +62,35 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def _settings(args: argparse.Namespace) -> Any:
-    from mmlake.ingest.settings import IngestSettings
+#: Commands that write to the lake: its folder is made (or refused) before they start.
+_WRITERS = {"ingest", "compact", "serve", "preprocess", "drift", "backfill"}
 
-    return IngestSettings().with_overrides(
+
+def _settings(args: argparse.Namespace) -> Any:
+    """The settings a command runs with (flags over the environment); the lake is checked first."""
+    from mmlake.ingest.settings import IngestSettings
+    from mmlake.lake import check_lake
+
+    settings = IngestSettings().with_overrides(
         lake=getattr(args, "lake", None),
         kafka_bootstrap=getattr(args, "bootstrap", None),
         allowed_lateness_s=getattr(args, "allowed_lateness", None),
     )
+    check_lake(settings.lake, create=getattr(args, "command", None) in _WRITERS)
+    return settings
+
+
+def _check_partitions(settings: Any, topic: str, partitions: list[int] | None) -> None:
+    """``--partitions`` must name partitions the topic has: checked before Prefect starts or any table is made."""
+    if not partitions:
+        return
+    from mmlake.ingest.producer import topic_partitions
+
+    have = topic_partitions(settings.kafka_bootstrap, topic, settings.kafka_timeout_s)
+    missing = sorted(set(partitions) - set(have))
+    if have and missing:
+        raise InputError(f"topic {topic!r} has no partition {', '.join(map(str, missing))} "
+                         f"(it has {len(have)}: 0..{len(have) - 1})")
 
 
 def _cancel_on_signals() -> threading.Event:
@@ -115,6 +143,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     # Fail fast, before Prefect spends seconds starting, when the broker or the topic is not there.
     if not topic_exists(settings.kafka_bootstrap, args.topic, settings.kafka_timeout_s):
         raise TopicNotFoundError(f"topic {args.topic!r} does not exist at {settings.kafka_bootstrap}")
+    _check_partitions(settings, args.topic, args.partitions)
     from mmlake.flows.ingest import ingest_stream
 
     cancel = _cancel_on_signals()
@@ -156,17 +185,21 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    from mmlake.ingest.reader import read_stream
+    from mmlake.ingest.reader import count_rows, read_stream
 
     settings = _settings(args)
     shown = 0
     cols = ["event_time", "modality", "sample_id", "record_id", "kafka_partition", "kafka_offset"]
+    options = dict(settings.storage_options)
     batches = read_stream(settings.lake, args.stream, args.start, args.end, table=args.table, columns=cols,
-                          storage_options=dict(settings.storage_options))
+                          storage_options=options)
     try:
         for batch in batches:
             for row in batch.to_pylist():
                 if shown >= args.limit:
+                    more = count_rows(settings.lake, args.stream, args.start, args.end, table=args.table,
+                                      storage_options=options) - shown
+                    print(f"... {more} more row{'s' if more != 1 else ''} (--limit N shows more)")
                     return 0
                 print(f"{row['event_time'].isoformat()}  {row['modality']:<5}  {row['sample_id']}  "
                       f"{row['record_id'][:12]}  p{row['kafka_partition']}@{row['kafka_offset']}")
@@ -188,9 +221,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     stages = ",".join(parse_pipeline_stages(args.stages))
+    if "ingest" in stages:
+        _check_partitions(settings, args.topic, args.partitions)
     token = None
     if args.cache_token_file:
-        token = Path(args.cache_token_file).read_text().strip()
+        token = _read_text(args.cache_token_file, "token file").strip()
     serve_pipeline(
         topic=args.topic, stream=args.stream, lake=settings.lake, bootstrap=settings.kafka_bootstrap,
         partitions=args.partitions, stages=stages, interval_s=args.interval,
@@ -199,9 +234,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise InputError(f"cannot read {what} {path}: {err.strerror}") from None
+
+
 def cmd_cache_serve(args: argparse.Namespace) -> int:
     from mmlake.cache.server import serve
 
+    if args.snapshot_dir and Path(args.snapshot_dir).exists() and not Path(args.snapshot_dir).is_dir():
+        raise InputError(f"--snapshot-dir {args.snapshot_dir} is a file, not a folder")
     serve(args.port, args.tokens, host=args.host, snapshot_dir=args.snapshot_dir)
     return 0
 
@@ -360,7 +406,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmlake", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="mmlake", description=" ".join((__doc__ or "").split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def kafka(p: argparse.ArgumentParser) -> None:
@@ -370,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--lake", help="lake root, a path or object-store URI (default: $MMLAKE_LAKE or ./lake)")
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (in memory)")
-    p.add_argument("--port", type=_positive_int, default=9092)
+    p.add_argument("--port", type=_port, default=9092)
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("produce", help="produce a folder of files or a JSONL manifest into a topic")
@@ -403,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="start", help="first event time (RFC 3339 or epoch ms), inclusive")
     p.add_argument("--to", dest="end", help="last event time, exclusive")
     p.add_argument("--table", choices=["raw", "late"], default="raw")
-    p.add_argument("--limit", type=_positive_int, default=20)
+    p.add_argument("--limit", type=_positive_int, default=20, help="rows to print (default 20)")
     p.set_defaults(func=cmd_read)
 
     p = sub.add_parser("serve", help="serve the stream's flows on their schedules (pipeline, cache warm-up)")
@@ -426,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="SafeCache, the KV cache for inference servers")
     cache_sub = p.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
     p = cache_sub.add_parser("serve", help="serve the SafeCache v1 HTTP API")
-    p.add_argument("--port", type=_positive_int, default=8470)
+    p.add_argument("--port", type=_port, default=8470)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--tokens", required=True, help="JSON file mapping each bearer token to its tenant")
     p.add_argument("--snapshot-dir", help="restore live entries from here on start, save them here on stop")
@@ -507,6 +553,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    """An error as one line: a settings source that cannot be parsed, a store that cannot be reached,
+    a path that cannot be written, ..."""
+    from pydantic_settings import SettingsError
+
+    if isinstance(err, SettingsError):
+        return f"bad setting: {str(err).splitlines()[0]} (check the MMLAKE_... environment variables)"
+    text = " ".join(str(err).split()) or type(err).__name__
+    if len(text) > 300:
+        text = text[:300] + "..."
+    return text if isinstance(err, (OSError,)) else f"{type(err).__name__}: {text}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mmlake`` console script."""
     from pydantic import ValidationError
@@ -526,6 +585,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as err:  # noqa: BLE001 - the one-line promise holds for what nobody foresaw, too
+        if os.environ.get("MMLAKE_DEBUG"):
+            raise
+        print(f"mmlake: error: {_one_line(err)} (MMLAKE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -85,7 +85,8 @@ def test_produce_ingest_read_compact_as_a_user_would(broker, tmp_path) -> None:
     shown = run("read", "--stream", "cli", "--limit", "3")
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.strip().splitlines()
-    assert len(lines) == 3 and [line.split()[2] for line in lines] == ["s0", "s1", "s2"]
+    assert len(lines) == 4 and [line.split()[2] for line in lines[:3]] == ["s0", "s1", "s2"]
+    assert lines[3] == "... 2 more rows (--limit N shows more)"  # never a silent cut
     compacted = run("compact", "--stream", "cli")
     assert compacted.returncode == 0, compacted.stderr
     assert "cli/raw: z-ordered by event_time" in compacted.stdout
@@ -118,3 +119,57 @@ def test_missing_topic_is_one_line_before_prefect_starts(broker, tmp_path, capsy
     assert code == 1 and time.monotonic() - started < 10
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"mmlake: error: topic 'no-such-topic' does not exist at {broker.bootstrap}"]
+
+
+def _one_line_error(capsys, argv: list[str], code: int = 1) -> str:
+    assert main(argv) == code
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mmlake: error: "), captured.err
+    assert "Traceback" not in captured.err + captured.out
+    return lines[0]
+
+
+def test_bad_input_is_one_line_without_a_traceback(broker, new_topic, tmp_path, capsys, monkeypatch) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a lake")
+    assert "is a file" in _one_line_error(capsys, ["read", "--stream", "s", "--lake", str(a_file / "lake")])
+    assert "bad time bound" in _one_line_error(
+        capsys, ["read", "--stream", "s", "--lake", str(tmp_path), "--from", "100000000000000000"])
+    assert "outside years 1..9999" in _one_line_error(
+        capsys, ["backfill", "--stream", "s", "--lake", str(tmp_path), "--from", "2026-01-01T00:00:00Z",
+                 "--to", "99999999999999999"])
+    # --partitions naming a partition the topic lacks: refused before Prefect starts or a table exists.
+    topic = new_topic(partitions=2)
+    started = time.monotonic()
+    message = _one_line_error(capsys, ["ingest", "--topic", topic, "--stream", "s", "--lake", str(tmp_path / "lake"),
+                                       "--bootstrap", broker.bootstrap, "--partitions", "1,5"])
+    assert "has no partition 5 (it has 2: 0..1)" in message and time.monotonic() - started < 10
+    assert not (tmp_path / "lake" / "s").exists()
+    # A lake under /proc: refused before Prefect starts.
+    assert "cannot create the lake folder /proc/mmlake-lake" in _one_line_error(
+        capsys, ["ingest", "--topic", topic, "--stream", "s", "--lake", "/proc/mmlake-lake",
+                 "--bootstrap", broker.bootstrap])
+    tokens = tmp_path / "tokens.json"
+    tokens.write_bytes(b'{"t\xff": "team"}')
+    assert "is not UTF-8" in _one_line_error(capsys, ["cache", "serve", "--tokens", str(tokens)])
+    assert "is a file, not a folder" in _one_line_error(
+        capsys, ["cache", "serve", "--tokens", str(tokens), "--snapshot-dir", str(a_file)])
+    monkeypatch.setenv("MMLAKE_STORAGE_OPTIONS", "notjson")
+    assert "bad setting" in _one_line_error(capsys, ["read", "--stream", "s", "--lake", str(tmp_path)])
+
+
+def test_out_of_range_ports_are_refused_by_the_parser(capsys) -> None:
+    for argv in (["broker", "--port", "70000"], ["cache", "serve", "--tokens", "t", "--port", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --port: expected a" in err and "Traceback" not in err
+
+
+def test_help_says_what_the_tool_promises(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ends in one line on stderr and a non-zero exit code (2 for bad arguments, 1 for everything else)." in out
