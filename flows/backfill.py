@@ -53,7 +53,7 @@ def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift"
     out: dict[str, Any] = {"stream": stream, "start": start, "end": end, "stages": chosen, "days": [],
                            "rows": 0, "skipped_days": 0, "drift": None}
     inputs = table_inputs(tables, ("raw", "features"), existing_only=True)
-    with LineageEmitter(settings.lake).run(job, backfill_run_id(job, start, end), inputs=inputs) as run:
+    with LineageEmitter.for_lake(settings).run(job, backfill_run_id(job, start, end), inputs=inputs) as run:
         if "preprocess" in chosen:
             done_before, grand = 0, raw_rows_in(tables, lo, hi)
             for d0, d1 in days(lo, hi):

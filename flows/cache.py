@@ -24,7 +24,7 @@ def cache_warmup(stream: str, lake: str | None = None, cache_url: str | None = N
     lake = LakeSettings().with_overrides(lake=lake)
     options = dict(lake.storage_options)
     tables = lake.tables(stream)
-    with LineageEmitter(lake.lake).run(f"cache-warmup.{stream}", str(flow_run.id),
+    with LineageEmitter.for_lake(lake).run(f"cache-warmup.{stream}", str(flow_run.id),
                                        inputs=lambda: table_inputs(tables, ("features", "drift"),
                                                                    existing_only=True)) as run:
         keyed, versions = precompute_keys(lake.lake, stream, CacheSettings(), storage_options=options)

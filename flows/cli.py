@@ -108,8 +108,9 @@ def _cancel_on_signals() -> threading.Event:
 def cmd_broker(args: argparse.Namespace) -> int:
     from mmlake.ingest.broker import EmbeddedBroker
 
-    broker = EmbeddedBroker(port=args.port).start()
-    print(f"embedded Kafka broker (Tansu, in memory) at {broker.bootstrap}; Ctrl-C stops it", flush=True)
+    broker = EmbeddedBroker(port=args.port, storage=args.storage).start()
+    kept = "in memory" if broker.storage.startswith("memory://") else f"log in {broker.storage}"
+    print(f"embedded Kafka broker (Tansu, {kept}) at {broker.bootstrap}; Ctrl-C stops it", flush=True)
     def terminate(*_: object) -> None:
         raise KeyboardInterrupt  # leave wait() and stop the broker in the finally below
 
@@ -256,7 +257,8 @@ def cmd_lineage_graph(args: argparse.Namespace) -> int:
     from mmlake.lineage.query import format_graph, lineage_graph, load_events
 
     settings = _settings(args)
-    for line in format_graph(lineage_graph(load_events(settings.lake), args.dataset, args.depth)):
+    events = load_events(settings.lake, dict(settings.storage_options))
+    for line in format_graph(lineage_graph(events, args.dataset, args.depth)):
         print(line)
     return 0
 
@@ -265,7 +267,8 @@ def cmd_lineage_explain(args: argparse.Namespace) -> int:
     from mmlake.lineage.query import explain_record, format_explain
 
     settings = _settings(args)
-    for line in format_explain(explain_record(settings.lake, args.stream, args.record_id)):
+    info = explain_record(settings.lake, args.stream, args.record_id, dict(settings.storage_options))
+    for line in format_explain(info):
         print(line)
     return 0
 
@@ -415,8 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
     def lake(p: argparse.ArgumentParser) -> None:
         p.add_argument("--lake", help="lake root, a path or object-store URI (default: $MMLAKE_LAKE or ./lake)")
 
-    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (in memory)")
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (in memory, or durable on S3)")
     p.add_argument("--port", type=_port, default=9092)
+    p.add_argument("--storage", default="memory://",
+                   help="memory:// (default: a restart forgets the topics) or s3://BUCKET/ (the log survives "
+                        "restarts; AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION as usual)")
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("produce", help="produce a folder of files or a JSONL manifest into a topic")
@@ -478,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot-dir", help="restore live entries from here on start, save them here on stop")
     p.set_defaults(func=cmd_cache_serve)
 
-    p = sub.add_parser("lineage", help="query the local lineage log (<lake>/_lineage/events.jsonl)")
+    p = sub.add_parser("lineage", help="query the lineage events kept in the lake (<lake>/_lineage/)")
     lineage_sub = p.add_subparsers(dest="lineage_command", required=True, metavar="COMMAND")
     p = lineage_sub.add_parser("graph", help="jobs and datasets upstream and downstream of a dataset")
     p.add_argument("--dataset", required=True, help="a dataset name, or a unique suffix of one (demo/raw)")
@@ -560,7 +566,10 @@ def _one_line(err: BaseException) -> str:
 
     if isinstance(err, SettingsError):
         return f"bad setting: {str(err).splitlines()[0]} (check the MMLAKE_... environment variables)"
-    text = " ".join(str(err).split()) or type(err).__name__
+    import re
+
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).replace("↳", ";")  # delta-rs colours its error chains
+    text = " ".join(plain.split()) or type(err).__name__
     if len(text) > 300:
         text = text[:300] + "..."
     return text if isinstance(err, (OSError,)) else f"{type(err).__name__}: {text}"

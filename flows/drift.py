@@ -49,7 +49,7 @@ def drift_stream(stream: str, lake: str | None = None, rebuild: bool = False, ma
     lake_settings = LakeSettings().with_overrides(lake=lake)
     settings = DriftSettings().with_overrides(window=window, step=step, reference=reference, warmup=warmup)
     tables = lake_settings.tables(stream)
-    with LineageEmitter(lake_settings.lake).run(f"drift-stream.{stream}", str(flow_run.id),
+    with LineageEmitter.for_lake(lake_settings).run(f"drift-stream.{stream}", str(flow_run.id),
                                                 inputs=lambda: [_features_input(tables, None)]) as run:
         summary = drift_task(stream, lake_settings, settings, rebuild, max_samples, keep_settings)
         run.complete(inputs=[_features_input(tables, summary)],

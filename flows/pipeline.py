@@ -29,7 +29,7 @@ def stream_pipeline(topic: str, stream: str, lake: str | None = None, bootstrap:
     tables = settings.tables(stream)
     inputs = [kafka_input(settings.kafka_bootstrap, topic)] if "ingest" in chosen else []
     out: dict[str, Any] = {"stream": stream, "stages": chosen}
-    with LineageEmitter(settings.lake).run(f"stream-pipeline.{stream}", str(flow_run.id), inputs=inputs) as run:
+    with LineageEmitter.for_lake(settings).run(f"stream-pipeline.{stream}", str(flow_run.id), inputs=inputs) as run:
         if "ingest" in chosen:
             out["ingest"] = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=bootstrap,
                                           partitions=partitions)

@@ -46,7 +46,7 @@ def features_task(stream: str, lake: LakeSettings, settings: PreprocessSettings,
     job = f"{lineage_parent[0]}.compute-features" if lineage_parent else f"preprocess-stream.{stream}.task"
     run_id = str(task_run.id) if backfill is None else backfill_run_id(job, backfill[0], backfill[1])
     tables = lake.tables(stream)
-    with LineageEmitter(lake.lake).run(job, run_id, job_type="TASK", parent=lineage_parent,
+    with LineageEmitter.for_lake(lake).run(job, run_id, job_type="TASK", parent=lineage_parent,
                                        inputs=lambda: table_inputs(tables, ["raw"])) as run:
         if backfill is None:
             def committed(so_far: PreprocessSummary) -> None:
@@ -100,7 +100,7 @@ def _run(job: str, stream: str, lake: LakeSettings, settings: PreprocessSettings
 
     run_id = str(flow_run.id) if backfill is None else backfill_run_id(job, backfill[0], backfill[1])
     tables = lake.tables(stream)
-    with LineageEmitter(lake.lake).run(job, run_id, inputs=lambda: table_inputs(tables, ["raw"])) as run:
+    with LineageEmitter.for_lake(lake).run(job, run_id, inputs=lambda: table_inputs(tables, ["raw"])) as run:
         summary = features_task(stream, lake, settings, operators, max_rows, backfill, (job, run_id), cancel,
                                 progress)
         run.complete(outputs=_outputs(lake, stream, summary),

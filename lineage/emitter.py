@@ -4,8 +4,10 @@ Flows and tasks wrap their work in :meth:`LineageEmitter.run`, which emits START
 the error if the block raises, and COMPLETE (with what the block reported) if it does not.
 
 The client is configured the standard way (``openlineage.yml``, ``OPENLINEAGE__TRANSPORT__...``,
-``OPENLINEAGE_URL``, ``OPENLINEAGE_DISABLED``). With none of those, events go to a file transport at
-``<lake>/_lineage/events.jsonl``. Emission is bounded in time (``MMLAKE_LINEAGE_TIMEOUT_S``) and never
+``OPENLINEAGE_URL``, ``OPENLINEAGE_DISABLED``). With none of those, events stay in the lake: a file
+transport at ``<lake>/_lineage/events.jsonl`` on a local lake, an append-only Delta table
+``<lake>/_lineage/events`` (:mod:`mmlake.lineage.transport`) on an object store, where a file cannot be
+appended to. Emission is bounded in time (``MMLAKE_LINEAGE_TIMEOUT_S``) and never
 raises into the flow: a failed or slow emission is logged and the flow goes on.
 """
 
@@ -23,7 +25,8 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from mmlake.settings import Settings
+from mmlake.lake import is_local, lake_root
+from mmlake.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +51,28 @@ def _standard_config_present() -> bool:
 
 
 def default_events_path(lake: str) -> str:
-    root = lake if "://" in lake else os.path.abspath(lake)
-    return f"{root.rstrip('/')}/_lineage/events.jsonl"
+    """Where the default transport keeps a local lake's events (a JSON-lines file)."""
+    return f"{lake_root(lake).removeprefix('file://')}/_lineage/events.jsonl"
 
 
-def _client(lake: str) -> Any:
+def default_events_table(lake: str) -> str:
+    """Where the default transport keeps an object-store lake's events (a Delta table)."""
+    return f"{lake_root(lake)}/_lineage/events"
+
+
+def _client(lake: str, storage_options: dict[str, str] | None) -> Any:
     from openlineage.client import OpenLineageClient
     from openlineage.client.transport.file import FileConfig, FileTransport
 
     if os.environ.get("OPENLINEAGE_DISABLED", "").strip().lower() == "true" or _standard_config_present():
         return OpenLineageClient()
+    if not is_local(lake):
+        from mmlake.lineage.transport import DeltaLogConfig, DeltaLogTransport
+
+        return OpenLineageClient(transport=DeltaLogTransport(DeltaLogConfig(default_events_table(lake),
+                                                                            dict(storage_options or {}))))
     path = default_events_path(lake)
-    if "://" not in path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     return OpenLineageClient(transport=FileTransport(FileConfig(log_file_path=path, append=True)))
 
 
@@ -99,14 +111,20 @@ def now_iso() -> str:
 class LineageEmitter:
     """Emits the run events of mmlake's jobs. Never raises; each emit waits at most ``timeout_s``."""
 
-    def __init__(self, lake: str, settings: LineageSettings | None = None) -> None:
+    def __init__(self, lake: str, settings: LineageSettings | None = None, *,
+                 storage_options: dict[str, str] | None = None) -> None:
         self.settings = settings or LineageSettings()
         self.namespace = self.settings.namespace
         try:
-            self._client: Any = _client(lake)
+            self._client: Any = _client(lake, storage_options)
         except Exception as err:  # a broken configuration must not stop the pipeline
             log.warning("OpenLineage disabled for this run: cannot configure the client: %s", err)
             self._client = None
+
+    @classmethod
+    def for_lake(cls, lake: LakeSettings) -> LineageEmitter:
+        """The emitter of runs over ``lake`` (its events go where its storage allows, see above)."""
+        return cls(lake.lake, storage_options=dict(lake.storage_options))
 
     @contextlib.contextmanager
     def run(self, job_name: str, run_id: str, *, job_type: str = "JOB", processing: str = "BATCH",

@@ -1,5 +1,7 @@
 """The local lineage query, for users without a Marquez server: a graph around a dataset, and the
-provenance of one record. Both read the file transport's ``<lake>/_lineage/events.jsonl``."""
+provenance of one record. Both read what the default transport wrote, on any storage: the JSON-lines
+file ``<lake>/_lineage/events.jsonl`` of a local lake, the Delta table ``<lake>/_lineage/events`` of
+an object-store lake (through its storage options), or both where both exist."""
 
 from __future__ import annotations
 
@@ -8,27 +10,39 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from mmlake.lineage.emitter import default_events_path
-from mmlake.lineage.naming import storage_dataset
 from mmlake.errors import MmlakeError
+from mmlake.lake import StreamTables, is_local, scan
+from mmlake.lineage.emitter import default_events_path, default_events_table
+from mmlake.lineage.naming import storage_dataset
+from mmlake.lineage.transport import read_events
 
 
 class LineageQueryError(MmlakeError, LookupError):
     """The dataset, record or event log asked about is not there."""
 
 
-def load_events(lake: str) -> list[dict[str, Any]]:
-    path = Path(default_events_path(lake))
-    if not path.exists():
-        raise LineageQueryError(f"no lineage events at {path} (run a flow with the default file transport)")
-    events = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line from a killed process is not worth failing the query for
-    return events
+def load_events(lake: str, storage_options: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every lineage event the default transport kept in ``lake``, oldest first."""
+    events: list[dict[str, Any]] = []
+    found = False
+    if is_local(lake):
+        path = Path(default_events_path(lake))
+        if path.exists():
+            found = True
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    try:
+                        events.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue  # a torn last line from a killed process is not worth failing the query for
+    table = read_events(default_events_table(lake), storage_options)
+    if table is not None:
+        found = True
+        events += table
+    if not found:
+        where = default_events_path(lake) if is_local(lake) else default_events_table(lake)
+        raise LineageQueryError(f"no lineage events at {where} (run a flow with the default transport)")
+    return sorted(events, key=lambda e: str(e.get("eventTime", "")))
 
 
 def _dataset_id(ds: dict[str, Any]) -> str:
@@ -79,45 +93,50 @@ def lineage_graph(events: list[dict[str, Any]], dataset: str, depth: int = 2) ->
     return {"dataset": start, "nodes": sorted(seen), "edges": sorted(kept)}
 
 
-def _delta_version_adding(table_uri: str, file_path: str) -> int | None:
-    """The Delta version whose commit added ``file_path`` (relative to the table)."""
-    from urllib.parse import unquote
+def _version_adding(uri: str, storage_options: dict[str, str] | None, app_id: str, offset: int) -> int | None:
+    """The Delta version whose commit wrote the row of Kafka ``offset``: the first version whose offset
+    ``txn`` for the row's partition reaches it (rows and offsets are one commit), found by bisection
+    over the table's history through deltalake, on any storage."""
+    from deltalake import DeltaTable
 
-    log_dir = Path(table_uri) / "_delta_log"
-    wanted = unquote(file_path)
-    for commit in sorted(log_dir.glob("*.json")):
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action and unquote(action["add"]["path"]) == wanted:
-                return int(commit.stem)
-    return None
+    latest = DeltaTable(uri, storage_options=storage_options or None)
+    if latest.transaction_version(app_id) is None or latest.transaction_version(app_id) < offset:
+        return None
+    lo, hi = 0, latest.version()
+    while lo < hi:
+        mid = (lo + hi) // 2
+        reached = DeltaTable(uri, version=mid, storage_options=storage_options or None).transaction_version(app_id)
+        if reached is not None and reached >= offset:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
-def explain_record(lake: str, stream: str, record_id: str) -> dict[str, Any]:
+def explain_record(lake: str, stream: str, record_id: str,
+                   storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """Where one record came from and what was made of it: Kafka topic/partition/offset -> raw Delta
     version and the run that wrote it -> operators and features row -> drift windows that covered it."""
-    import pyarrow.dataset as pads
+    import pyarrow.compute as pc
 
-    from mmlake.lake import StreamTables
+    from mmlake.ingest.engine import offset_app_id  # the Kafka offsets' txn app ids are ingest's
 
-    tables = StreamTables(lake, stream)
+    tables = StreamTables(lake, stream, dict(storage_options or {}))
     out: dict[str, Any] = {"record_id": record_id, "stream": stream}
     found = None
     for name in ("raw", "late"):
         dt = tables.open(name)
         if dt is None:
             continue
-        dataset = dt.to_pyarrow_dataset()
-        for fragment in dataset.get_fragments(filter=pads.field("record_id") == record_id):
-            rows = fragment.to_table(filter=pads.field("record_id") == record_id,
-                                     columns=["kafka_topic", "kafka_partition", "kafka_offset", "event_time",
-                                              "modality", "sample_id"]).to_pylist()
-            if rows:
-                root = tables.uri(name).removeprefix("file://")
-                relative = fragment.path.removeprefix(root).lstrip("/")
-                found = (name, rows[0], _delta_version_adding(root, relative))
-                break
-        if found:
+        # Filtered after the scan: files rewritten by delta-rs may hold string_view columns, which a
+        # dataset filter will not compare with a string.
+        rows = scan(dt, ["record_id", "kafka_topic", "kafka_partition", "kafka_offset", "event_time",
+                         "modality", "sample_id"])
+        rows = rows.filter(pc.equal(rows.column("record_id"), record_id)).to_pylist()
+        if rows:
+            row = rows[0]
+            app = offset_app_id(row["kafka_topic"], row["kafka_partition"])
+            found = (name, row, _version_adding(tables.uri(name), tables.options, app, row["kafka_offset"]))
             break
     if found is None:
         raise LineageQueryError(f"record {record_id!r} is in neither raw nor late of stream {stream!r}")
@@ -130,7 +149,7 @@ def explain_record(lake: str, stream: str, record_id: str) -> dict[str, Any]:
     namespace, name = storage_dataset(tables.uri(table))
     out["written_by"] = None
     try:
-        events = load_events(lake)
+        events = load_events(lake, storage_options)
     except LineageQueryError:
         events = []
     for event in events:
@@ -155,12 +174,10 @@ def explain_record(lake: str, stream: str, record_id: str) -> dict[str, Any]:
         out["features"] = None
         out["operators"] = None
     else:
-        # Filtered after the scan: files rewritten by delta-rs may hold string_view columns, which a
-        # dataset filter will not compare with a string.
-        table = features.to_pyarrow_dataset().to_table(columns=["record_id", "op_name", "op_version", "op_sha256"])
-        rows = [r for r in table.to_pylist() if r["record_id"] == record_id]
-        out["features"] = len(rows)
-        out["operators"] = sorted({(r.get("op_name"), r.get("op_version"), r.get("op_sha256")) for r in rows})
+        table_ = scan(features, ["record_id", "op_name", "op_version", "op_sha256"])
+        mine = table_.filter(pc.equal(table_.column("record_id"), record_id)).to_pylist()
+        out["features"] = len(mine)
+        out["operators"] = sorted({(r.get("op_name"), r.get("op_version"), r.get("op_sha256")) for r in mine})
     drift = tables.open("drift")
     if drift is None:
         out["drift_windows"] = None

@@ -99,3 +99,68 @@ def default_lineage(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("OPENLINEAGE"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto's S3 server on a free loopback port (from the dev extra), ready to answer; its endpoint URL."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from mmlake.ingest.broker import free_port
+
+    port = free_port()
+    log = (tmp_path_factory.mktemp("moto") / "server.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(endpoint, timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto's S3 server did not come up on {endpoint}") from None
+            time.sleep(0.2)
+    try:
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+_buckets = itertools.count()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str) -> Callable[[], str]:
+    """Create a fresh bucket on the S3 server: ``s3_bucket()`` returns its name."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+
+    def make() -> str:
+        name = f"mmlake-test-{next(_buckets)}"
+        client.create_bucket(Bucket=name)
+        return name
+
+    return make
+
+
+def s3_storage_options(endpoint: str) -> dict[str, str]:
+    """deltalake storage options for the test S3 server (an S3-compatible store on plain HTTP)."""
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+@pytest.fixture
+def s3_settings(broker: EmbeddedBroker, s3_server: str, s3_bucket: Callable[[], str]) -> IngestSettings:
+    """Ingest settings for a lake in a fresh bucket of the S3 server."""
+    return IngestSettings(lake=f"s3://{s3_bucket()}/lake", storage_options=s3_storage_options(s3_server),
+                          kafka_bootstrap=broker.bootstrap)

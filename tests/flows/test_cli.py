@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -157,6 +158,12 @@ def test_bad_input_is_one_line_without_a_traceback(broker, new_topic, tmp_path, 
         capsys, ["cache", "serve", "--tokens", str(tokens), "--snapshot-dir", str(a_file)])
     monkeypatch.setenv("MMLAKE_STORAGE_OPTIONS", "notjson")
     assert "bad setting" in _one_line_error(capsys, ["read", "--stream", "s", "--lake", str(tmp_path)])
+    # An object store nobody answers at: delta-rs gives up after its retries, and says so in one line.
+    monkeypatch.setenv("MMLAKE_STORAGE_OPTIONS", json.dumps({
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}))
+    unreachable = _one_line_error(capsys, ["read", "--stream", "s", "--lake", "s3://nobody/lake"])
+    assert "Error performing GET http://127.0.0.1" in unreachable and "\x1b" not in unreachable
 
 
 def test_out_of_range_ports_are_refused_by_the_parser(capsys) -> None:
