@@ -15,7 +15,6 @@ import pytest
 from deltalake import DeltaTable
 
 from mmlake.ingest import EmbeddedBroker, IngestSettings, MultimodalProducer, ensure_topic, run_ingest
-from tests.conftest import s3_storage_options
 from tests.fixtures.streams import Expected, produce_mixed
 from tests.lineage.schemas import SPEC_PRESENT, validate_event
 
