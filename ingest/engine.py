@@ -2,8 +2,8 @@
 
 How a micro-batch is made exactly-once (after kafka-delta-ingest):
 
-* Each of the stream's tables (``dlq``, ``late``, ``raw``, committed in that order) stores, in the
-  same Delta commit as its rows, one ``txn`` action per Kafka partition whose version is the last
+* Each of the stream's tables (``raw``, ``late``, ``dlq``, committed in that order: see ``TABLES``)
+  stores, in the same Delta commit as its rows, one ``txn`` action per Kafka partition whose version is the last
   offset that commit covers, and a second one holding that partition's max event time (the
   watermark state). Both are atomic with the rows.
 * A run resumes each partition after the smallest offset any table has committed, and writes to each
@@ -18,7 +18,10 @@ How a micro-batch is made exactly-once (after kafka-delta-ingest):
 Event time: each partition's watermark is the max event time of its accepted records minus the
 allowed lateness (as per-partition watermarks in Flink's Kafka source). A record behind its
 partition's watermark goes to ``late``. The stream watermark reported is the minimum over partitions.
-Duplicates (same ``record_id``) are dropped, and counted, within the lateness horizon.
+Duplicates (same ``record_id``, same payload) are dropped, and counted, within the lateness horizon;
+the same ``record_id`` with other bytes is a conflict, dead-lettered. Every other record the wire
+contract refuses, or the future-time guard (event time against the record's Kafka timestamp), goes to
+``dlq`` too: no record stops a partition.
 """
 
 from __future__ import annotations
@@ -259,7 +262,7 @@ class IngestRun:
                            not_after_us=not_after)
 
     def _commit(self, batch: _Batch) -> None:
-        """Commit the batch to dlq, late and raw, each with its offsets; raises CommitRaceLost."""
+        """Commit the batch to raw, late and dlq, each with its offsets; raises CommitRaceLost."""
         for name in TABLES:
             if not self._must_commit(name, batch):
                 continue
