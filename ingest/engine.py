@@ -3,9 +3,9 @@
 How a micro-batch is made exactly-once (after kafka-delta-ingest):
 
 * Each of the stream's tables (``raw``, ``late``, ``dlq``, committed in that order: see ``TABLES``)
-  stores, in the same Delta commit as its rows, one ``txn`` action per Kafka partition whose version is the last
-  offset that commit covers, and a second one holding that partition's max event time (the
-  watermark state). Both are atomic with the rows.
+  stores, in the same Delta commit as its rows, one ``txn`` action per Kafka partition whose version
+  is the last offset that commit covers, and a second one holding that partition's max event time
+  (the watermark state). Both are atomic with the rows.
 * A run resumes each partition after the smallest offset any table has committed, and writes to each
   table only the records past that table's own offset. Routing a record depends only on its own bytes
   and on the records before it in its partition, never on batch boundaries, so a replay after a crash
