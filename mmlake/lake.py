@@ -19,8 +19,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
-from datetime import time as dtime
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
 
 UTC_US = pa.timestamp("us", tz="UTC")
 US_PER_DAY = 86_400_000_000
-_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 # -- event time ---------------------------------------------------------------------------------
@@ -66,7 +65,6 @@ MAX_EVENT_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
 _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
     r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))")
-_EPOCH_MS = re.compile(r"-?[0-9]+")
 
 
 class EventTimeOutOfRange(ValueError):
@@ -94,8 +92,8 @@ def parse_event_time(text: str) -> int:
     """
     if not text:
         raise ValueError("empty")
-    if _EPOCH_MS.fullmatch(text):
-        digits = text.lstrip("-")
+    digits = text[1:] if text[0] == "-" else text
+    if digits.isascii() and digits.isdigit():  # epoch ms (isdigit alone would take '２' and '²')
         if len(digits) > 16:  # beyond ~317,000 years: out of range before int() has to cope with it
             raise EventTimeOutOfRange(f"{text[:24]}{'...' if len(text) > 24 else ''} is outside years 1..9999 (UTC)")
         us = int(text) * 1000
@@ -104,23 +102,13 @@ def parse_event_time(text: str) -> int:
         if m is None:
             raise ValueError(f"not RFC 3339 (YYYY-MM-DDTHH:MM:SS[.frac](Z|+hh:mm)) or epoch milliseconds: "
                              f"{text[:64]!r}")
-        year, month, day, hour, minute, second = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
-        if second == 60:
+        if m.group(6) == "60":
             raise ValueError(f"leap seconds are not supported: {text[:64]!r}")
-        try:
-            day_number = date(year, month, day).toordinal() - _EPOCH_ORDINAL
-            clock = dtime(hour, minute, second)
+        try:  # the grammar is RFC 3339's now; fromisoformat checks the calendar and converts
+            delta = datetime.fromisoformat(text.upper()) - _EPOCH
         except ValueError as err:
             raise ValueError(f"{err}: {text[:64]!r}") from None
-        offset_s = 0
-        if m.group(9):
-            off_h, off_m = int(m.group(10)), int(m.group(11))
-            if off_h > 23 or off_m > 59:
-                raise ValueError(f"UTC offset out of range: {text[:64]!r}")
-            offset_s = (off_h * 3600 + off_m * 60) * (1 if m.group(9) == "+" else -1)
-        fraction = int((m.group(7) or "0")[:6].ljust(6, "0"))
-        seconds = day_number * 86_400 + clock.hour * 3600 + clock.minute * 60 + clock.second - offset_s
-        us = seconds * 1_000_000 + fraction
+        us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     if not in_range(us):
         raise EventTimeOutOfRange(f"{text[:64]} is outside years 1..9999 (UTC)")
     return us
