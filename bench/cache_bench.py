@@ -12,6 +12,8 @@
    (GPTCache's default: nearest neighbour at similarity >= 0.8, no LSH, no admission control).
 3. A 16 MB KV payload fetched over HTTP from ``mmlake cache serve`` against the same bytes over a raw
    loopback socket.
+4. Two tenants: a quiet tenant's hit rate on its own prompts while a noisy tenant stores at full speed,
+   with fair shares and without (one LRU-K order for both), on the same cache budget.
 """
 
 from __future__ import annotations
@@ -288,9 +290,46 @@ def transfer(megabytes: int = 16, repeats: int = 31) -> dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def two_tenants(budget_mb: int = 64, quiet_prompts: int = 200, noisy_stores: int = 600) -> dict[str, Any]:
+    """The quiet tenant holds 200 prompts of 128 KiB (25 MiB, within its half of a 64 MiB budget) and looks
+    them up; for each of its lookups the noisy tenant stores a new 1 MiB entry and reuses it twice."""
+    import torch
+
+    from mmlake.cache import CacheSettings, Hit, SafeCache
+
+    def kv(nbytes: int, seed: int) -> dict[str, Any]:
+        return {"kv": torch.full((nbytes // 4,), float(seed), dtype=torch.float32)}
+
+    rng = np.random.default_rng(11)
+    quiet = [rng.standard_normal(DIM).astype(np.float32) for _ in range(quiet_prompts)]
+    noisy = [rng.standard_normal(DIM).astype(np.float32) for _ in range(noisy_stores)]
+    out: dict[str, Any] = {"budget_mb": budget_mb, "quiet_prompts": quiet_prompts, "quiet_kv_kb": 128,
+                           "noisy_stores": noisy_stores, "noisy_kv_mb": 1}
+    for fair in (True, False):
+        cache = SafeCache(CacheSettings(gpu_bytes=0, cpu_bytes=budget_mb << 20, fair_shares=fair),
+                          tenants=["quiet", "noisy"])
+        for i, e in enumerate(quiet):
+            cache.put("quiet", "m", e, kv(128 << 10, i))
+        hits = 0
+        started = time.perf_counter()
+        for i, e in enumerate(noisy):
+            cache.put("noisy", "m", e, kv(1 << 20, i))
+            cache.lookup("noisy", "m", e)
+            cache.lookup("noisy", "m", e)
+            hits += isinstance(cache.lookup("quiet", "m", quiet[i % quiet_prompts]), Hit)
+        elapsed = time.perf_counter() - started
+        out["fair_shares" if fair else "no_shares"] = {
+            "quiet_hit_rate": round(hits / noisy_stores, 3), "noisy_stores_per_s": round(noisy_stores / elapsed, 1),
+            "bytes_within_budget": cache.stats()["bytes"]["cpu"] <= budget_mb << 20}
+    out["quiet_hit_rate_ratio_fair_vs_none"] = round(
+        out["fair_shares"]["quiet_hit_rate"] / max(out["no_shares"]["quiet_hit_rate"], 1e-3), 1)
+    return out
+
+
 def run() -> dict[str, Any]:
     started = time.monotonic()
-    report = {"latency": latency(), "near_duplicates": near_duplicates(), "transfer_16mb": transfer()}
+    report = {"latency": latency(), "near_duplicates": near_duplicates(), "transfer_16mb": transfer(),
+              "two_tenants": two_tenants()}
     report["seconds"] = round(time.monotonic() - started, 1)
     report["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return report

@@ -7,40 +7,21 @@ from typing import Any
 
 import numpy as np
 
+from mmlake.cache.codec import tensors_from_buffer
 from mmlake.cache.core import Hit, Miss
-from mmlake.cache.errors import BadRequestError, CacheError, PayloadTooLargeError, UnauthorizedError
+from mmlake.cache.errors import (
+    BadRequestError,
+    BusyError,
+    CacheError,
+    ForbiddenError,
+    PayloadTooLargeError,
+    QuotaExceededError,
+    RequestTimeoutError,
+    UnauthorizedError,
+)
 from mmlake.cache.tiers import Tensors
 
-
-_TORCH_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-}
-
-
-def tensors_from_buffer(buffer: bytearray) -> Tensors:
-    """The tensors of a safetensors file, as views of ``buffer`` (no copy)."""
-    import struct
-
-    import torch
-
-    (header_len,) = struct.unpack("<Q", bytes(buffer[:8]))
-    if header_len > len(buffer) - 8:
-        raise CacheError("hit body is not a safetensors file")
-    header = json.loads(bytes(buffer[8 : 8 + header_len]))
-    base = 8 + header_len
-    out: Tensors = {}
-    for name, spec in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = spec["data_offsets"]
-        dtype = getattr(torch, _TORCH_DTYPES[spec["dtype"]])
-        if end > start:
-            flat = torch.frombuffer(buffer, dtype=torch.uint8, count=end - start, offset=base + start)
-        else:
-            flat = torch.empty(0, dtype=torch.uint8)
-        out[name] = flat.view(dtype).reshape(spec["shape"])
-    return out
+__all__ = ["SafeCacheClient", "tensors_from_buffer"]
 
 
 class SafeCacheClient:
@@ -59,13 +40,14 @@ class SafeCacheClient:
             message = response.json().get("error", response.text)
         except ValueError:
             message = response.text
-        kind = {401: UnauthorizedError, 413: PayloadTooLargeError}.get(response.status_code, BadRequestError)
+        kind = {401: UnauthorizedError, 403: ForbiddenError, 408: RequestTimeoutError, 413: PayloadTooLargeError,
+                429: QuotaExceededError, 503: BusyError}.get(response.status_code, BadRequestError)
         if response.status_code >= 500:
             kind = CacheError
         raise kind(f"{response.status_code}: {message}")
 
     def put(self, model_id: str, embedding: Any, tensors: Tensors, *, ttl_s: float | None = None,
-            source: str | None = None) -> dict[str, Any]:
+            source: str | None = None, salt: str | None = None) -> dict[str, Any]:
         import torch
         from safetensors.torch import save
 
@@ -74,17 +56,22 @@ class SafeCacheClient:
             metadata["ttl_s"] = str(ttl_s)
         if source is not None:
             metadata["source"] = source
+        if salt is not None:
+            metadata["salt"] = salt
         body = save({**{k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                      "embedding": torch.as_tensor(np.asarray(embedding, dtype=np.float32))}, metadata=metadata)
         response = self._http.post("/v1/kv", content=body, headers={"Content-Type": "application/octet-stream"})
         self._raise(response)
         return dict(response.json())
 
-    def lookup(self, model_id: str, embedding: Any, *, min_similarity: float | None = None) -> Hit | Miss:
+    def lookup(self, model_id: str, embedding: Any, *, min_similarity: float | None = None,
+               salt: str | None = None) -> Hit | Miss:
         query: dict[str, Any] = {"model_id": model_id,
                                  "embedding": np.asarray(embedding, dtype=np.float32).tolist()}
         if min_similarity is not None:
             query["min_similarity"] = min_similarity
+        if salt is not None:
+            query["salt"] = salt
         with self._http.stream("POST", "/v1/kv/lookup", content=json.dumps(query),
                                headers={"Content-Type": "application/json"}) as response:
             if response.status_code != 200:

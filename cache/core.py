@@ -1,8 +1,15 @@
 """SafeCache in-process: store KV tensors under an embedding, reuse them for near-identical prompts only.
 
-Namespaces are tenant x model_id; nothing crosses them. A lookup hits only when the exact cosine of
-the query with a stored entry's embedding is at least the threshold (the server floor, or a stricter
-one the caller asks for); expired entries are never returned.
+Namespaces are tenant x model_id x salt; nothing crosses them. A lookup hits only when the exact cosine
+of the query with a stored entry's embedding is at least the threshold (the server floor, or a stricter
+one the caller asks for); expired entries are never returned. The LSH buckets only propose candidates:
+they never decide a hit.
+
+Eviction is fair between tenants: each tenant has a share of every tier (equal among the known
+tenants unless set); when a tier is over its budget, the victim comes from a tenant over its share
+whenever there is one, so a tenant within its share never loses entries to one over it, while a share a
+tenant does not use is free for the others. A namespace's index is freed when its last entry goes, and
+a tenant holds at most ``max_models_per_tenant`` namespaces, so index memory is bounded too.
 """
 
 from __future__ import annotations
@@ -11,19 +18,21 @@ import hashlib
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from mmlake.cache.errors import BadRequestError, PayloadTooLargeError
+from mmlake.cache.errors import BadRequestError, PayloadTooLargeError, QuotaExceededError
 from mmlake.cache.index import VectorIndex
-from mmlake.cache.lsh import HyperplaneLSH, normalise
+from mmlake.cache.lsh import HyperplaneLSH
 from mmlake.cache.settings import CacheSettings
 from mmlake.cache.tiers import Tensors, Tier, tensors_nbytes, tiers_from_settings
 
 K = 2  # LRU-K
+#: (tenant, model_id, salt): nothing of one namespace is visible from another.
+Namespace = tuple[str, str, str]
 
 
 @dataclass
@@ -40,6 +49,11 @@ class Entry:
     accesses: list[float] = field(default_factory=list)  # most recent last, at most K
     reuse_similarity: float = 1.0
     source: str | None = None  # the stream the prompt came from, for invalidation on drift
+    salt: str = ""  # partitions a tenant's entries further (as vLLM's cache_salt)
+
+    @property
+    def namespace(self) -> Namespace:
+        return (self.tenant, self.model_id, self.salt)
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,11 @@ class _BucketStats:
 
 
 class SafeCache:
-    """The cache. Thread-safe; every public method takes the tenant explicitly."""
+    """The cache. Thread-safe; every public method takes the tenant explicitly.
+
+    ``shares`` (tenant -> fraction of every tier) sets tenants' shares; a tenant not named shares what
+    is left equally with the other unnamed tenants it knows of (``tenants``, and those holding entries).
+    """
 
     def __init__(
         self,
@@ -79,23 +97,50 @@ class SafeCache:
         *,
         clock: Callable[[], float] = time.time,
         tiers: list[Tier] | None = None,
+        shares: Mapping[str, float] | None = None,
+        tenants: list[str] | None = None,
     ) -> None:
         self.settings = settings or CacheSettings()
         s = self.settings
         self.clock = clock
         self.tiers = tiers if tiers is not None else tiers_from_settings(s.gpu_bytes, s.cpu_bytes, s.disk_bytes,
-                                                                                s.disk_dir)
+                                                                         s.disk_dir)
         self._tier_by_name = {t.name: t for t in self.tiers}
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
-        self._indexes: dict[tuple[str, str], VectorIndex] = {}
+        self._indexes: dict[Namespace, VectorIndex] = {}
         self._lsh: dict[int, HyperplaneLSH] = {}
-        self._exact: dict[tuple[str, str], dict[str, str]] = {}
-        self._bucket_stats: dict[tuple[str, str, int], _BucketStats] = {}
+        self._lsh_users: dict[int, int] = {}  # dim -> namespaces using that LSH (freed at 0)
+        self._exact: dict[Namespace, dict[str, str]] = {}
+        self._bucket_stats: dict[Namespace, dict[int, _BucketStats]] = {}
+        self._models: dict[str, set[Namespace]] = {}  # tenant -> its namespaces
+        self._usage: dict[tuple[str, str], int] = {}  # (tier, tenant) -> bytes
         self._counters: dict[str, dict[str, int]] = {}
+        self._shares: dict[str, float] = {}
+        self._known: set[str] = set(tenants or ())
+        self.set_shares(shares or {})
 
     COUNTERS = ("hits", "misses", "rejected_below_threshold", "evictions", "expirations", "stores",
                 "refreshes", "rejected_admission")
+
+    # -- shares -----------------------------------------------------------------------------------
+
+    def set_shares(self, shares: Mapping[str, float], tenants: list[str] | None = None) -> None:
+        """Set tenants' shares (fractions of every tier, summing to at most 1) and the tenants known."""
+        bad = {t: v for t, v in shares.items() if not (0 < float(v) <= 1)}
+        if bad or sum(shares.values()) > 1 + 1e-9:
+            raise BadRequestError(f"tenant shares must each be in (0, 1] and sum to at most 1, got {dict(shares)}")
+        with self._lock:
+            self._shares = {t: float(v) for t, v in shares.items()}
+            self._known |= set(shares) | set(tenants or ())
+
+    def share_of(self, tenant: str) -> float:
+        """The fraction of each tier that ``tenant`` may hold without being first to lose entries."""
+        with self._lock:
+            if tenant in self._shares:
+                return self._shares[tenant]
+            unnamed = (self._known | {tenant}) - set(self._shares)  # every tenant that stored is known
+            return max(0.0, 1.0 - sum(self._shares.values())) / len(unnamed)
 
     def _count(self, tenant: str, name: str) -> None:
         per = self._counters.setdefault(tenant, dict.fromkeys(self.COUNTERS, 0))
@@ -110,15 +155,54 @@ class SafeCache:
     # -- helpers --------------------------------------------------------------------------------
 
     def lsh_for(self, dim: int) -> HyperplaneLSH:
-        if dim not in self._lsh:
+        """The LSH of embeddings of dimension ``dim`` (one per dimension, shared by its namespaces)."""
+        lsh = self._lsh.get(dim)
+        if lsh is None:
             s = self.settings
-            self._lsh[dim] = HyperplaneLSH(dim, bits=s.lsh_bits, tables=s.lsh_tables, seed=s.lsh_seed)
-        return self._lsh[dim]
+            lsh = HyperplaneLSH(dim, bits=s.lsh_bits, tables=s.lsh_tables, seed=s.lsh_seed)
+            self._lsh[dim] = lsh
+        return lsh
 
-    def _unit(self, embedding: Any, namespace: tuple[str, str] | None) -> np.ndarray:
+    def _namespace_index(self, namespace: Namespace, dim: int) -> VectorIndex:
+        """The namespace's index, created (within the tenant's bound on models) if it has none."""
+        index = self._indexes.get(namespace)
+        if index is not None:
+            return index
+        tenant = namespace[0]
+        models = self._models.setdefault(tenant, set())
+        limit = self.settings.max_models_per_tenant
+        if len(models) >= limit:
+            raise QuotaExceededError(f"tenant {tenant!r} already holds entries of {limit} models (and salts); "
+                                     "delete some, or let them expire (MMLAKE_CACHE_MAX_MODELS_PER_TENANT)")
+        index = self._indexes[namespace] = VectorIndex(self.lsh_for(dim), self.settings.lsh_probes)
+        self._lsh_users[dim] = self._lsh_users.get(dim, 0) + 1
+        models.add(namespace)
+        return index
+
+    def _free_namespace(self, namespace: Namespace) -> None:
+        """Forget an empty namespace: its index, exact keys, bucket statistics, and its LSH if unused."""
+        index = self._indexes.pop(namespace, None)
+        self._exact.pop(namespace, None)
+        self._bucket_stats.pop(namespace, None)
+        models = self._models.get(namespace[0])
+        if models is not None:
+            models.discard(namespace)
+            if not models:
+                del self._models[namespace[0]]
+        if index is not None:
+            users = self._lsh_users.get(index.dim, 1) - 1
+            if users <= 0:
+                self._lsh_users.pop(index.dim, None)
+                self._lsh.pop(index.dim, None)
+            else:
+                self._lsh_users[index.dim] = users
+
+    def _unit(self, embedding: Any, namespace: Namespace | None) -> np.ndarray:
+        """The float32 unit vector of ``embedding``, normalised in float64 (so that a finite vector whose
+        float32 norm would under- or overflow is still one); BadRequestError for anything else."""
         try:
-            v = np.asarray(embedding, dtype=np.float32)
-        except (TypeError, ValueError):
+            v = np.asarray(embedding, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
             raise BadRequestError("embedding must be a list of numbers") from None
         if v.ndim != 1 or v.size == 0:
             raise BadRequestError(f"embedding must be 1-D and non-empty, got shape {tuple(v.shape)}")
@@ -127,14 +211,17 @@ class SafeCache:
         index = self._indexes.get(namespace) if namespace else None
         if index is not None and index.dim != v.size:
             raise BadRequestError(f"embedding dimension {v.size} does not match this model's {index.dim}")
-        try:
-            return normalise(v)
-        except ValueError as err:
-            raise BadRequestError(str(err)) from None
+        if not np.all(np.isfinite(v)):
+            raise BadRequestError("embedding has NaN or infinite values")
+        scale = float(np.max(np.abs(v)))
+        if scale == 0.0:
+            raise BadRequestError("embedding has zero norm")
+        v = v / scale  # now in [-1, 1] with a 1 in it: the norm can neither overflow nor underflow
+        return (v / np.linalg.norm(v)).astype(np.float32)
 
     @staticmethod
     def _exact_hash(unit: np.ndarray) -> str:
-        return hashlib.sha256(unit.tobytes()).hexdigest()
+        return hashlib.sha256(unit.tobytes()).hexdigest()  # the full digest: never truncated
 
     def _touch(self, entry: Entry, similarity: float) -> None:
         entry.accesses = (entry.accesses + [self.clock()])[-K:]
@@ -147,10 +234,25 @@ class SafeCache:
         kth = entry.accesses[-K] if len(entry.accesses) >= K else float("-inf")
         return (kth - penalty, entry.accesses[-1] - penalty)
 
+    def _place(self, entry: Entry, tier: Tier, tensors: Tensors) -> None:
+        tier.put(entry.id, tensors)
+        entry.tier = tier.name
+        key = (tier.name, entry.tenant)
+        self._usage[key] = self._usage.get(key, 0) + entry.nbytes
+
+    def _unplace(self, entry: Entry) -> None:
+        self._tier_by_name[entry.tier].remove(entry.id)
+        key = (entry.tier, entry.tenant)
+        left = self._usage.get(key, 0) - entry.nbytes
+        if left > 0:
+            self._usage[key] = left
+        else:
+            self._usage.pop(key, None)
+
     def _drop(self, entry: Entry) -> None:
         self._entries.pop(entry.id, None)
-        self._tier_by_name[entry.tier].remove(entry.id)
-        namespace = (entry.tenant, entry.model_id)
+        self._unplace(entry)
+        namespace = entry.namespace
         index = self._indexes[namespace]
         if index.remove(entry.slot):
             for eid, slot in index.slot_of().items():
@@ -158,6 +260,8 @@ class SafeCache:
         exact = self._exact.get(namespace, {})
         if exact.get(entry.exact) == entry.id:
             del exact[entry.exact]
+        if len(index) == 0:
+            self._free_namespace(namespace)
 
     def _expire(self, entry: Entry, now: float) -> bool:
         if entry.expires_at <= now:
@@ -172,23 +276,34 @@ class SafeCache:
             now = self.clock()
             return sum(self._expire(e, now) for e in list(self._entries.values()))
 
+    def _over_share(self, tier: Tier) -> set[str]:
+        """The tenants holding more of ``tier`` than their share of its budget."""
+        return {tenant for (name, tenant), used in self._usage.items()
+                if name == tier.name and used > self.share_of(tenant) * tier.budget}
+
     def _rebalance(self, protect: str | None = None) -> None:
         """Keep every tier within its budget: demote victims to the next tier, evict from the last.
-        The entry just stored (``protect``) is the last candidate, not the first as plain LRU-K
-        would make it (it has a single access)."""
+        Victims come from tenants over their share of the tier when there are any (fair shares), and the
+        entry just stored (``protect``) is the last candidate, not the first as plain LRU-K would make it
+        (it has a single access)."""
         for position, tier in enumerate(self.tiers):
             lower = self.tiers[position + 1] if position + 1 < len(self.tiers) else None
             while tier.nbytes > tier.budget:
                 here = [e for e in self._entries.values() if e.tier == tier.name and e.id != protect]
+                if self.settings.fair_shares:
+                    over = self._over_share(tier)
+                    over_here = [e for e in here if e.tenant in over]
+                    if over_here:
+                        here = over_here
                 if not here and protect in self._entries and self._entries[protect].tier == tier.name:
                     here = [self._entries[protect]]
                 if not here:
                     break
                 victim = min(here, key=self._eviction_key)
                 if lower is not None and victim.nbytes <= lower.budget:
-                    lower.put(victim.id, tier.get(victim.id))
-                    tier.remove(victim.id)
-                    victim.tier = lower.name
+                    tensors = tier.get(victim.id)
+                    self._unplace(victim)
+                    self._place(victim, lower, tensors)
                 else:
                     self._drop(victim)
                     self._count(victim.tenant, "evictions")
@@ -204,10 +319,12 @@ class SafeCache:
         *,
         ttl_s: float | None = None,
         source: str | None = None,
+        salt: str | None = None,
     ) -> PutResult:
         """Store ``tensors`` under ``embedding``. A near-duplicate of a live entry refreshes it; a bucket
         whose confusable-pair rate passed the bound refuses (``admitted=False``). Bad input raises
-        :class:`BadRequestError` / :class:`PayloadTooLargeError` and changes nothing."""
+        :class:`BadRequestError` / :class:`PayloadTooLargeError` / :class:`QuotaExceededError` and
+        changes nothing."""
         s = self.settings
         if not model_id:
             raise BadRequestError("model_id is required")
@@ -220,13 +337,11 @@ class SafeCache:
             raise PayloadTooLargeError(f"KV payload of {nbytes} bytes exceeds the entry limit {s.max_entry_bytes}")
         if nbytes > sum(t.budget for t in self.tiers):
             raise PayloadTooLargeError(f"KV payload of {nbytes} bytes exceeds the cache's total budget")
-        namespace = (tenant, model_id)
+        namespace = (tenant, model_id, salt or "")
         with self._lock:
             unit = self._unit(embedding, namespace)
             now = self.clock()
-            index = self._indexes.get(namespace)
-            if index is None:
-                index = self._indexes[namespace] = VectorIndex(self.lsh_for(unit.size), s.lsh_probes)
+            index = self._namespace_index(namespace, unit.size)
             lsh = index.lsh
             primary, members = index.primary_bucket(unit)
             lsh_key = f"{primary:0{(lsh.bits + 3) // 4}x}"
@@ -240,21 +355,27 @@ class SafeCache:
                     break
                 entry = self._entries[index.entry(slot)]  # type: ignore[index]
                 if self._expire(entry, now):
+                    if namespace not in self._indexes:  # that was its last entry: the index is gone
+                        break
                     continue
-                self._tier_by_name[entry.tier].remove(entry.id)
-                self.tiers[0].put(entry.id, tensors)
-                entry.tier, entry.nbytes, entry.expires_at = self.tiers[0].name, nbytes, expires_at
+                self._unplace(entry)
+                entry.nbytes, entry.expires_at = nbytes, expires_at
+                self._place(entry, self.tiers[0], tensors)
                 entry.source = source if source is not None else entry.source
                 self._touch(entry, float(sim))
                 self._count(tenant, "refreshes")
                 self._rebalance(protect=entry.id)
                 return PutResult(entry.id, entry.lsh_key, admitted=True, refreshed=True)
+            index = self._namespace_index(namespace, unit.size)  # again: expiries above may have freed it
+            primary, members = index.primary_bucket(unit)
 
             # A bucket where distinct entries are confusable (similar enough to answer for each other)
             # too often is not safe to add to.
-            stats = self._bucket_stats.setdefault((tenant, model_id, primary), _BucketStats())
+            stats = self._bucket_stats.setdefault(namespace, {}).setdefault(primary, _BucketStats())
             if stats.pairs >= s.collision_min_pairs and stats.confusable / stats.pairs > s.collision_bound:
                 self._count(tenant, "rejected_admission")
+                if len(index) == 0:
+                    self._free_namespace(namespace)
                 return PutResult(None, lsh_key, admitted=False,
                                  reason=f"bucket {lsh_key} collision rate {stats.confusable / stats.pairs:.3f} "
                                         f"exceeds {s.collision_bound}")
@@ -265,12 +386,13 @@ class SafeCache:
             entry_id = uuid.uuid4().hex
             exact = self._exact_hash(unit)
             slot = index.add(entry_id, unit)
-            self.tiers[0].put(entry_id, tensors)
             entry = Entry(entry_id, tenant, model_id, slot, exact, lsh_key, nbytes, expires_at, self.tiers[0].name,
-                          source=source)
+                          source=source, salt=salt or "")
+            self._place(entry, self.tiers[0], tensors)
             self._touch(entry, 1.0)
             self._entries[entry_id] = entry
             self._exact.setdefault(namespace, {})[exact] = entry_id
+            self._known.add(tenant)
             self._count(tenant, "stores")
             self._rebalance(protect=entry_id)
             admitted = entry_id in self._entries
@@ -278,15 +400,19 @@ class SafeCache:
                              reason=None if admitted else "evicted at once: budget too small")
 
     def lookup(
-        self, tenant: str, model_id: str, embedding: Any, *, min_similarity: float | None = None
+        self, tenant: str, model_id: str, embedding: Any, *, min_similarity: float | None = None,
+        salt: str | None = None,
     ) -> Hit | Miss:
-        """The stored KV of the most similar live entry at cosine >= the threshold, else a Miss
-        carrying the best similarity seen among the LSH candidates."""
+        """The stored KV of the most similar live entry of the namespace at cosine >= the threshold,
+        else a Miss carrying the best similarity seen among the LSH candidates."""
         floor = self.settings.min_similarity
-        threshold = floor if min_similarity is None else float(min_similarity)
+        try:
+            threshold = floor if min_similarity is None else float(min_similarity)
+        except (TypeError, ValueError, OverflowError):
+            raise BadRequestError("min_similarity must be a number") from None
         if not np.isfinite(threshold) or threshold < floor or threshold > 1.0:
             raise BadRequestError(f"min_similarity must be in [{floor}, 1] (the server floor is {floor})")
-        namespace = (tenant, model_id)
+        namespace = (tenant, model_id, salt or "")
         with self._lock:
             index = self._indexes.get(namespace)
             unit = self._unit(embedding, namespace)
@@ -303,6 +429,8 @@ class SafeCache:
             for slot, sim in sorted(zip(slots, sims), key=lambda x: -x[1]):
                 entry = self._entries.get(index.entry(slot) or "")
                 if entry is None or self._expire(entry, now):
+                    if namespace not in self._indexes:  # that was its last entry
+                        break
                     continue
                 best = float(sim) if best is None else best
                 if sim >= threshold:
@@ -326,23 +454,44 @@ class SafeCache:
             return True
 
     def stats(self, tenant: str | None = None) -> dict[str, Any]:
-        """Counters and sizes. With ``tenant``, entries and bytes are that tenant's only."""
+        """Counters and sizes. With ``tenant``, everything is that tenant's own: its entries and bytes
+        per tier, its share of each tier, its models, the LSH versions of its own namespaces."""
         with self._lock:
             entries = [e for e in self._entries.values() if tenant is None or e.tenant == tenant]
-            return {
+            namespaces = [ns for ns in self._indexes if tenant is None or ns[0] == tenant]
+            out: dict[str, Any] = {
                 "entries": len(entries),
                 "bytes": {t.name: sum(e.nbytes for e in entries if e.tier == t.name) for t in self.tiers},
                 "budgets": {t.name: t.budget for t in self.tiers},
                 **self.counters(tenant),
-                "lsh": {str(dim): lsh.version for dim, lsh in self._lsh.items()},
+                "models": len(namespaces),
+                "lsh": {str(dim): self._lsh[dim].version
+                        for dim in sorted({self._indexes[ns].dim for ns in namespaces}) if dim in self._lsh},
             }
+            if tenant is not None:
+                share = self.share_of(tenant)
+                out["share"] = {t.name: int(share * t.budget) for t in self.tiers}
+            return out
+
+    def tenant_stats(self) -> dict[str, dict[str, Any]]:
+        """Per tenant: entries, bytes per tier, share, models (for operators, never for tenants)."""
+        with self._lock:
+            tenants = self._known | set(self._counters)
+            return {t: self.stats(t) for t in sorted(tenants)}
+
+    def index_overhead(self) -> dict[str, int]:
+        """What the cache holds besides the tensors: namespaces, LSH dimensions, estimated index bytes."""
+        with self._lock:
+            planes = sum(lsh.planes.nbytes for lsh in self._lsh.values())
+            vectors = sum(index.capacity_bytes() for index in self._indexes.values())
+            return {"namespaces": len(self._indexes), "lsh_dims": len(self._lsh), "bytes": planes + vectors}
 
     def entries(self) -> list[Entry]:
         with self._lock:
             return list(self._entries.values())
 
     def embedding_of(self, entry: Entry) -> np.ndarray:
-        return self._indexes[(entry.tenant, entry.model_id)].vector(entry.slot).copy()
+        return self._indexes[entry.namespace].vector(entry.slot).copy()
 
     def tensors_of(self, entry: Entry) -> Tensors:
         return self._tier_by_name[entry.tier].get(entry.id)
@@ -371,23 +520,29 @@ class SafeCache:
         accesses: list[float],
         reuse_similarity: float,
         source: str | None = None,
+        salt: str | None = None,
     ) -> bool:
         """Put back an entry from a snapshot with its id, expiry and access history; skips expired ones."""
-        namespace = (tenant, model_id)
+        namespace = (tenant, model_id, salt or "")
+        unit = np.asarray(unit, dtype=np.float32).reshape(-1)
+        if unit.size == 0 or unit.size > self.settings.max_embedding_dim or not np.all(np.isfinite(unit)):
+            raise BadRequestError(f"entry {entry_id}: its embedding is not a usable unit vector")
         with self._lock:
             if expires_at <= self.clock() or entry_id in self._entries:
                 return False
-            index = self._indexes.get(namespace)
-            if index is None:
-                index = self._indexes[namespace] = VectorIndex(self.lsh_for(unit.size), self.settings.lsh_probes)
+            existing = self._indexes.get(namespace)
+            if existing is not None and existing.dim != unit.size:
+                raise BadRequestError(f"entry {entry_id}: dimension {unit.size} does not match its model's {existing.dim}")
+            index = self._namespace_index(namespace, unit.size)
             primary = index.lsh.keys(unit)[0]
             exact = self._exact_hash(unit)
             slot = index.add(entry_id, unit)
-            self.tiers[0].put(entry_id, tensors)
             entry = Entry(entry_id, tenant, model_id, slot, exact, f"{primary:0{(index.lsh.bits + 3) // 4}x}",
                           tensors_nbytes(tensors), expires_at, self.tiers[0].name, list(accesses)[-K:],
-                          reuse_similarity, source)
+                          reuse_similarity, source, salt or "")
+            self._place(entry, self.tiers[0], tensors)
             self._entries[entry_id] = entry
             self._exact.setdefault(namespace, {})[exact] = entry_id
+            self._known.add(tenant)
             self._rebalance()
             return entry_id in self._entries

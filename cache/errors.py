@@ -19,3 +19,19 @@ class PayloadTooLargeError(CacheError, ValueError):
 
 class UnauthorizedError(CacheError, PermissionError):
     """A missing or unknown bearer token (HTTP 401)."""
+
+
+class QuotaExceededError(CacheError, ValueError):
+    """A tenant's bound (models in the cache) is reached (HTTP 429). Nothing in the cache changed."""
+
+
+class ForbiddenError(CacheError, PermissionError):
+    """A valid token that may not use this route (HTTP 403): a tenant on an operator route, or the reverse."""
+
+
+class BusyError(CacheError, RuntimeError):
+    """The server holds as many request bytes as it may (HTTP 503, with Retry-After); try again."""
+
+
+class RequestTimeoutError(CacheError, TimeoutError):
+    """A request body that did not arrive in time (HTTP 408; the connection is closed)."""

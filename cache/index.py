@@ -34,7 +34,7 @@ class VectorIndex:
         self.lsh = lsh
         self.dim = lsh.dim
         self.probes = probes
-        self._vectors = np.zeros((16, self.dim), dtype=np.float32)
+        self._vectors = np.zeros((1, self.dim), dtype=np.float32)  # grows by doubling
         self._ids: list[str | None] = []
         self._keys: list[list[int]] = []
         self._buckets: list[dict[int, set[int]]] = [{} for _ in range(lsh.tables)]
@@ -43,6 +43,10 @@ class VectorIndex:
 
     def __len__(self) -> int:
         return self._live
+
+    def capacity_bytes(self) -> int:
+        """Bytes this index holds for its vectors (the slot array and FAISS's copy), an estimate."""
+        return int(self._vectors.nbytes + len(self._ids) * self.dim * 4 + len(self._ids) * 200)
 
     def add(self, entry_id: str, unit: np.ndarray, keys: list[int] | None = None) -> int:
         slot = len(self._ids)

@@ -42,6 +42,16 @@ class CacheSettings(Settings):
     max_entry_bytes: int = Field(256 << 20, gt=0, description="Largest KV payload one entry may hold.")
     max_body_bytes: int = Field(300 << 20, gt=0, description="Largest HTTP request body; larger ones get 413.")
     max_embedding_dim: int = Field(8192, gt=0, description="Largest embedding dimension accepted.")
+    max_models_per_tenant: int = Field(
+        256, ge=1, description="Most namespaces (model id x salt) one tenant may hold entries under; each costs index memory.")
+    fair_shares: bool = Field(
+        True, description="Evict from tenants over their share of a tier first (off: one LRU-K order for all tenants).")
+    max_inflight_bytes: int = Field(
+        1 << 30, gt=0, description="Most request-body bytes the server holds at once; beyond them: 503 with Retry-After.")
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="Longest a request body may take to arrive; after it: 408 and the connection closed.")
+    max_json_depth: int = Field(8, ge=2, description="Deepest nesting a JSON request body may have.")
+    docs: bool = Field(False, description="Serve the interactive API docs at /docs and /redoc (the schema is always at /openapi.json).")
     similarity_weight_s: float = Field(
         60.0, ge=0, description="Eviction: an entry reused at similarity s ages (1 - s) x this many seconds faster."
     )

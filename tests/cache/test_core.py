@@ -250,7 +250,7 @@ def test_flat_scan_agrees_with_lsh_on_hits(cache) -> None:
     es = [unit(rng, DIM) for _ in range(200)]
     for i, e in enumerate(es):
         cache.put("a", "m", e, kv(i, 64))
-    index = cache._indexes[("a", "m")]
+    index = cache._indexes[("a", "m", "")]  # namespace: tenant, model, salt
     for i in (0, 57, 199):
         q = es[i].astype(np.float32)
         (slot, score), *_ = index.flat_search(q, 1)

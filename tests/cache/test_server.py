@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -18,50 +17,16 @@ import torch
 from safetensors.torch import load, save
 
 from mmlake.cache import CacheSettings, Hit, Miss, SafeCache, SafeCacheClient
-from mmlake.cache.server import create_app
 from mmlake.ingest.broker import free_port
-from tests.cache.helpers import at_cosine, kv, unit
+from tests.cache.helpers import TOKENS, Server, at_cosine, body, kv, unit
 
 DIM = 32
-TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
-
-
-class Server:
-    def __init__(self, cache: SafeCache) -> None:
-        import uvicorn
-
-        self.cache = cache
-        self.port = free_port()
-        config = uvicorn.Config(create_app(cache, TOKENS), host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture
 def server():
     with Server(SafeCache(CacheSettings(max_body_bytes=1 << 20, gpu_bytes=0, cpu_bytes=64 << 10))) as running:
         yield running
-
-
-def body(embedding, tensors, **metadata) -> bytes:
-    return save({**tensors, "embedding": torch.as_tensor(np.asarray(embedding, dtype=np.float32))},
-                metadata={k: str(v) for k, v in metadata.items()} or None)
 
 
 def test_v1_round_trip_with_the_client(server) -> None:
@@ -97,10 +62,11 @@ def test_raw_http_shapes(server) -> None:
         assert far.status_code == 404 and "best_similarity" in far.json()
         assert http.delete(f"/v1/kv/{created.json()['id']}").status_code == 204
         assert http.delete(f"/v1/kv/{created.json()['id']}").status_code == 404
-        metrics = http.get("/metrics")
+        assert http.get("/metrics").status_code == 403  # a tenant's token: operators only
+        metrics = http.get("/metrics", headers={"Authorization": "Bearer tok-ops"})
         assert metrics.status_code == 200
-        assert "safecache_hits_total 1.0" in metrics.text and "safecache_lookup_seconds_bucket" in metrics.text
-        assert 'safecache_bytes{tier="cpu"}' in metrics.text
+        assert 'safecache_hits_total{tenant="alice"} 1.0' in metrics.text and "safecache_lookup_seconds_bucket" in metrics.text
+        assert 'safecache_bytes{tenant="alice",tier="cpu"}' in metrics.text
     assert httpx.get(f"{server.url}/healthz").status_code == 200
 
 
@@ -203,7 +169,7 @@ def test_budget_holds_under_overload_and_server_keeps_answering(server) -> None:
 @pytest.mark.slow
 def test_cli_server_restores_its_entries_after_a_restart(tmp_path) -> None:
     tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps(TOKENS))
+    tokens.write_text(json.dumps({**TOKENS.tenants, **{t: {"operator": True} for t in TOKENS.operators}}))
     exe = shutil.which("mmlake", path=os.path.dirname(sys.executable))
     port = free_port()
     args = [exe, "cache", "serve", "--port", str(port), "--tokens", str(tokens), "--snapshot-dir", str(tmp_path / "snap")]
