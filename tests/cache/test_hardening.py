@@ -19,7 +19,7 @@ import torch
 
 from mmlake.cache import CacheSettings, Hit, Miss, QuotaExceededError, SafeCache, SafeCacheClient
 from mmlake.cache.errors import CacheError
-from mmlake.cache.server import load_tokens
+from mmlake.cache.server import Tokens, load_tokens
 from mmlake.cache.snapshot import load_snapshot, save_snapshot
 from mmlake.ingest.broker import free_port
 from tests.cache.helpers import Server, at_cosine, body, kv, unit
@@ -210,6 +210,24 @@ def test_a_noisy_tenant_cannot_evict_a_quiet_tenant_within_its_share() -> None:
     for i in range(8):
         cache.put("noisy", "m", unit(rng, DIM), kv(2000 + i, mib))
     assert cache.stats("noisy")["bytes"]["cpu"] > 4 * mib
+
+
+def test_shares_from_the_tokens_file_hold_against_a_running_server() -> None:
+    tokens = Tokens({"tok-alice": "alice", "tok-bob": "bob"}, shares={"bob": 0.25})
+    settings = CacheSettings(gpu_bytes=0, cpu_bytes=4 << 20, max_body_bytes=2 << 20)
+    rng = np.random.default_rng(12)
+    with Server(SafeCache(settings), tokens) as running, SafeCacheClient(running.url, "tok-alice") as alice, \
+            SafeCacheClient(running.url, "tok-bob") as bob:
+        quiet = [unit(rng, DIM) for _ in range(7)]
+        for i, e in enumerate(quiet):  # 7 x 128 KiB = 896 KiB, within bob's quarter (1 MiB)
+            bob.put("m", e, kv(i, 128 << 10))
+        for i in range(12):  # 12 x 512 KiB from alice, each reused twice
+            e = unit(rng, DIM)
+            alice.put("m", e, kv(100 + i, 512 << 10))
+            assert isinstance(alice.lookup("m", e), Hit) and isinstance(alice.lookup("m", e), Hit)
+        assert all(isinstance(bob.lookup("m", e), Hit) for e in quiet)
+        assert bob.stats()["share"]["cpu"] == 1 << 20 and alice.stats()["share"]["cpu"] == 3 << 20
+        assert running.cache.stats()["bytes"]["cpu"] <= 4 << 20
 
 
 def test_the_unfair_order_would_have_evicted_the_quiet_tenant() -> None:
