@@ -127,6 +127,47 @@ class Codebook:
 SHRINKAGE = 0.2
 
 
+class LeaveOut:
+    """The mean-shift statistic of some rows of the reference against *the rest* of it: the rest's own
+    mean and shrunk covariance, exactly what :meth:`Codebook.fit` on the rest and :meth:`Codebook.mean_shift`
+    on the rows would give, without refitting. A window of the reference scored against the whole
+    reference looks far closer to it than new data does (its rows helped estimate the covariance, so
+    their deviations are "explained"); against the rest it is new data.
+
+    In the eigenbasis of the reference's scatter matrix the rest's shrunk covariance is a diagonal
+    matrix less a low-rank term (the rows taken out and the move of the mean), so the Woodbury identity
+    gives the quadratic form with one small solve per call."""
+
+    def __init__(self, x: np.ndarray, shrinkage: float = SHRINKAGE):
+        x = np.asarray(x, dtype=np.float64)
+        self.n, self.dim = x.shape
+        self.shrinkage = shrinkage
+        mean = x.mean(axis=0)
+        scatter = (x - mean).T @ (x - mean)
+        eig, vecs = np.linalg.eigh(scatter)
+        self.eig = np.maximum(eig, 0.0)
+        self.y = (x - mean) @ vecs  # centred on the whole reference's mean, in the eigenbasis
+        self.trace = float(np.trace(scatter))
+
+    def shift(self, rows: np.ndarray) -> float:
+        """``mean_shift`` of the reference rows ``rows`` against the others."""
+        w = self.y[rows]
+        m, d, s = len(w), self.dim, self.shrinkage
+        rest = self.n - m
+        mean_rest = -w.sum(axis=0) / rest  # the whole reference's centred sum is 0
+        delta = w.mean(axis=0) - mean_rest
+        beta = (1 - s) / (rest - 1)
+        tau = (self.trace - float((w * w).sum()) - rest * float(mean_rest @ mean_rest)) / ((rest - 1) * d)
+        # rest's shrunk covariance = beta * (S - U U^T) + s tau I, S = diag(eig), U = [rows, sqrt(rest) mean_rest]
+        d_inv = 1.0 / np.maximum(beta * self.eig + s * tau, 1e-12)
+        u = np.vstack([w, np.sqrt(rest) * mean_rest]).T
+        du = u * d_inv[:, None]
+        inner = np.eye(m + 1) / beta - u.T @ du
+        b = du.T @ delta
+        q = float(delta @ (d_inv * delta) + b @ np.linalg.solve(inner, b))
+        return (m * q - d) / float(np.sqrt(2 * d))
+
+
 def _whitener(x: np.ndarray, shrinkage: float) -> np.ndarray:
     """(1 - s) C + s (tr C / d) I, to the power -1/2 (symmetric), as float32."""
     c = np.cov(x, rowvar=False)

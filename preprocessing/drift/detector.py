@@ -38,13 +38,16 @@ from typing import Any
 import numpy as np
 
 from mmlake.errors import InputError
-from mmlake.preprocessing.drift.codebook import Codebook
+from mmlake.preprocessing.drift.codebook import Codebook, LeaveOut
 from mmlake.preprocessing.drift.ewma import Direction, Ewma
 from mmlake.preprocessing.drift.measures import entropy, js_divergence, smoothed
+from mmlake.preprocessing.errors import DriftStateError
 
 MISSING, NAN, ZERO_NORM, ERROR = -1, -2, -3, -4
 STATUS_NAMES = {MISSING: "missing", NAN: "NaN", ZERO_NORM: "zero-norm", ERROR: "error"}
 _LN2 = math.log(2)
+#: Windows drawn out of the reference to calibrate each metric's null distribution.
+CALIBRATION_DRAWS = 256
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class DriftConfig:
     seed: int = 0
     k: float = 7.0
     ewma_lambda: float = 0.02
-    warmup: int = 32
+    warmup: int = 0
     confirm: int = 2
     clear: int = 4
     sigma_floor: float = 0.01
@@ -67,8 +70,15 @@ class DriftConfig:
     def __post_init__(self) -> None:
         if self.window < 8 or self.step < 1 or self.step > self.window:
             raise InputError(f"drift windows need window >= 8 and 1 <= step <= window (got {self.window}, {self.step})")
-        if self.reference < 2 * self.codes:
-            raise InputError(f"a reference of {self.reference} samples is too small for {self.codes} codes")
+        if self.reference < self.least_reference:
+            raise InputError(f"a reference of {self.reference} samples is too small for {self.codes} codes and "
+                             f"{self.window}-sample windows (at least {self.least_reference})")
+
+    @property
+    def least_reference(self) -> int:
+        """The fewest samples a reference may hold: two per code and, without a warm-up, two windows
+        (the thresholds are calibrated on windows drawn out of it, each against the rest)."""
+        return max(2 * self.codes, 0 if self.warmup else 2 * self.window)
 
     @property
     def sha256(self) -> str:
@@ -143,7 +153,8 @@ class Reference:
     joint_modalities: list[str]
     joint: list[float]  # flattened counts over the joint codes
     skipped: dict[str, str] = field(default_factory=dict)  # modality -> why it is not monitored
-    null_sigma: dict[str, float] = field(default_factory=dict)  # metric -> spread over resampled reference windows
+    null_sigma: dict[str, float] = field(default_factory=dict)  # metric -> its null distribution's spread
+    null_mean: dict[str, float] = field(default_factory=dict)  # metric -> its null distribution's mean
 
     def smoothed(self, alpha: float) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         q = {m: smoothed(np.asarray(c), alpha) for m, c in self.marginal.items()}
@@ -181,12 +192,12 @@ class Reference:
     def as_state(self) -> dict[str, Any]:
         return {"codebooks": {m: b.sha256 for m, b in self.codebooks.items()}, "presence": self.presence,
                 "marginal": self.marginal, "joint_modalities": self.joint_modalities, "joint": self.joint,
-                "skipped": self.skipped, "null_sigma": self.null_sigma}
+                "skipped": self.skipped, "null_sigma": self.null_sigma, "null_mean": self.null_mean}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], codebooks: dict[str, Codebook]) -> Reference:
         return cls(codebooks, state["presence"], state["marginal"], state["joint_modalities"], state["joint"],
-                   state.get("skipped", {}), state.get("null_sigma", {}))
+                   state.get("skipped", {}), state.get("null_sigma", {}), state.get("null_mean", {}))
 
     @classmethod
     def fit(cls, samples: Samples, config: DriftConfig) -> Reference:
@@ -214,41 +225,58 @@ class Reference:
         presence["+".join(joint_modalities)] = float(ok.mean())
         joint = np.bincount(joint_codes[ok], minlength=config.codes ** len(joint_modalities)).astype(float)
         ref = cls(codebooks, presence, marginal, joint_modalities, joint.tolist(), skipped)
-        ref.null_sigma = _resampled_sigma(ref, config, samples, codes)
+        ref.null_mean, ref.null_sigma = _calibrate(ref, config, samples, codes)
         return ref
 
 
-def _resampled_sigma(ref: Reference, cfg: DriftConfig, samples: Samples, codes: dict[str, np.ndarray],
-                     draws: int = 128) -> dict[str, float]:
-    """Each metric's spread over ``draws`` windows of the reference drawn at random (without
-    replacement within a window): a floor under the thresholds' sigma, which a short warm-up of
-    overlapping windows would underestimate."""
+def _calibrate(ref: Reference, cfg: DriftConfig, samples: Samples, codes: dict[str, np.ndarray],
+               draws: int = CALIBRATION_DRAWS) -> tuple[dict[str, float], dict[str, float]]:
+    """Each metric's null distribution (mean, spread), from ``draws`` windows drawn at random out of
+    the reference, each scored against *the rest of the reference*: code counts and mean embedding
+    without the window's samples, so the window is new data to what it is compared with, as a window
+    after the reference is. (Scored against the whole reference, a window of it would look closer to
+    it than new data does: the reference's own estimation error would be shared.) The rest is a
+    reference of ``n - window`` samples instead of ``n``, which puts the null's divergences a little
+    higher than the real ones: a conservative error (fewer false alarms, not more)."""
     rng = np.random.default_rng(cfg.seed)
     n = len(samples)
-    size = min(cfg.window, n)
+    size = min(cfg.window, n // 2)
+    k = cfg.codes
+    marginal = {m: np.asarray(c, dtype=float) for m, c in ref.marginal.items()}
+    joint = np.asarray(ref.joint, dtype=float)
+    valid = {m: codes[m] >= 0 for m in ref.codebooks}
+    row_of = {m: np.cumsum(v) - 1 for m, v in valid.items()}  # sample -> row among the valid parts
+    shifts = {m: LeaveOut(samples.embeddings[m][valid[m]]) for m in ref.codebooks}
     seen: dict[str, list[float]] = {}
     for _ in range(draws):
         idx = np.sort(rng.choice(n, size=size, replace=False))
-        values, _ = window_values(ref, cfg, {m: c[idx] for m, c in codes.items()},
-                                  {m: samples.embeddings[m][idx] for m in ref.codebooks})
+        window = {m: c[idx] for m, c in codes.items()}
+        rest_marginal = {m: (marginal[m] - np.bincount(window[m][window[m] >= 0], minlength=k)).tolist()
+                         for m in ref.codebooks}
+        rest_joint = ref.joint
+        if len(ref.joint_modalities) >= 2:
+            flat, ok = _joint(window, ref.joint_modalities, k)
+            rest_joint = (joint - np.bincount(flat[ok], minlength=len(joint))).tolist()
+        rest = Reference(ref.codebooks, ref.presence, rest_marginal, ref.joint_modalities, rest_joint)
+        values, _ = window_values(rest, cfg, window, {m: samples.embeddings[m][idx] for m in ref.codebooks})
+        for m in ref.codebooks:
+            value, parts, why = values[f"shift.{m}"]
+            if value is not None:  # against the rest's own mean and covariance (see LeaveOut)
+                values[f"shift.{m}"] = (shifts[m].shift(row_of[m][idx][window[m] >= 0]), parts, why)
         for metric, (value, _, _) in values.items():
             if value is not None:
                 seen.setdefault(metric, []).append(value)
-    out = {metric: float(np.std(v, ddof=1)) for metric, v in seen.items() if len(v) > 1}
-    # Divergences from the reference, measured on windows of the reference itself, vary less than on
-    # new data (the reference's own estimation error is shared): about (1 - f) against (1 + f) in
-    # spread, f = window / reference, as for the distance of a sample mean from an estimated mean.
-    f = size / n
-    for metric in out:
-        if metric.startswith(("js.", "kl.", "shift.")) and f < 1:
-            out[metric] *= (1 + f) / (1 - f)
     for a, b in ref.pairs:
+        # The decay rate of MI over runs of independent windows: more spread than over the
+        # overlapping windows of a stream (conservative again), centred where a steady MI puts it.
         mi = seen.get(f"mi.{a}-{b}", [])
         d = cfg.decay_windows
         slopes = [_decay(mi[i:i + d]) for i in range(0, len(mi) - d + 1, d)]
-        if len(slopes) > 1:
-            out[f"mi_decay.{a}-{b}"] = float(np.std(slopes, ddof=1))
-    return out
+        if slopes:
+            seen[f"mi_decay.{a}-{b}"] = slopes
+    means = {metric: float(np.mean(v)) for metric, v in seen.items() if len(v) > 1}
+    sigmas = {metric: float(np.std(v, ddof=1)) for metric, v in seen.items() if len(v) > 1}
+    return means, sigmas
 
 
 def encode(samples: Samples, codebooks: dict[str, Codebook]) -> dict[str, np.ndarray]:
@@ -304,10 +332,24 @@ class Detector:
         self._tail = tail
         self._tail_codes = encode(tail, reference.codebooks)
         self.ewma = {name: Ewma.from_state(s) for name, s in state.get("ewma", {}).items()}
+        # Without a warm-up (the default) each threshold starts from its metric's null distribution on
+        # the reference; a metric the reference could not calibrate is not scored (its rows say why).
+        self.uncalibrated: set[str] = set()
+        if config.warmup == 0 and not reference.null_mean:
+            raise DriftStateError("the pinned reference predates thresholds calibrated on the reference (it "
+                                  "was fitted for a warm-up): `mmlake drift --rebuild`")
         for name, direction in self.directions.items():
-            self.ewma.setdefault(name, Ewma(direction, config.k, config.ewma_lambda, config.warmup, config.confirm,
-                                            config.clear, config.sigma_floor,
-                                            sigma_min=reference.null_sigma.get(name, 0.0)))
+            if name in self.ewma:
+                continue
+            sigma = reference.null_sigma.get(name, 0.0)
+            if config.warmup:
+                self.ewma[name] = Ewma(direction, config.k, config.ewma_lambda, config.warmup, config.confirm,
+                                       config.clear, config.sigma_floor, sigma_min=sigma)
+            elif name in reference.null_mean:
+                self.ewma[name] = Ewma.calibrated(direction, config.k, config.ewma_lambda, config.confirm,
+                                                  config.clear, config.sigma_floor, reference.null_mean[name], sigma)
+            else:
+                self.uncalibrated.add(name)
         self.mi_history: dict[str, list[float]] = {p: list(v) for p, v in state.get("mi_history", {}).items()}
 
     def state(self) -> dict[str, Any]:
@@ -360,6 +402,10 @@ class Detector:
             value, n, why = values[metric]
             modal = metric.split(".", 1)[1].replace("-", "+").split("+")
             note = "; ".join(x for x in [why] + [v for m, v in notes.items() if m in modal] if x) or None
+            if metric in self.uncalibrated:
+                rows.append(_row(first, t0, t1, metric, None, None, None, None, False, None, "skipped", n,
+                                 "skipped: too few valid parts in the reference windows to calibrate it"))
+                continue
             if value is None:
                 rows.append(_row(first, t0, t1, metric, None, None, None, None,
                                  self.ewma[metric].alarm, None, "skipped", n, note))

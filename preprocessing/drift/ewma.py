@@ -90,6 +90,15 @@ class Ewma:
         status = "alarm" if self.alarm else ("beyond" if out else "ok")
         return Verdict(threshold, low, high, self.alarm, event, status)
 
+    @classmethod
+    def calibrated(cls, direction: Direction, k: float, lam: float, confirm: int, clear: int, floor: float,
+                   mean: float, sigma: float) -> Ewma:
+        """No warm-up: the statistics start from a null distribution known beforehand (the metric over
+        windows of the reference), whose envelope ``mean +- k sigma`` also bounds the band for good."""
+        e = cls(direction, k, lam, 0, confirm, clear, floor, sigma_min=sigma, mean=mean, var=sigma * sigma)
+        e.base_low, e.base_high = e._envelope()
+        return e
+
     def state(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from mmlake.preprocessing.drift.codebook import Codebook
+from mmlake.preprocessing.drift.codebook import Codebook, LeaveOut
 from mmlake.preprocessing.drift.ewma import Ewma
 from mmlake.preprocessing.drift.measures import entropy, js_divergence, kl_divergence, mutual_information, smoothed
 from mmlake.preprocessing.errors import DriftStateError
@@ -102,6 +102,38 @@ def test_ewma_learns_a_slow_level_change_but_not_past_the_warmup_envelope() -> N
     alarms = [e.update(1 + 0.02 * i).alarm for i in range(200)]
     assert any(alarms)
     assert e.bounds()[1] <= base_high + 1e-12
+
+
+def test_a_calibrated_ewma_scores_its_first_value_against_the_known_null() -> None:
+    e = Ewma.calibrated("above", 3.0, 0.1, 2, 3, 0.0, mean=2.0, sigma=0.5)
+    assert e.bounds() == (pytest.approx(0.5), pytest.approx(3.5))
+    first = e.update(4.0)  # no warm-up: the very first value is judged
+    assert first.status == "beyond" and first.threshold == pytest.approx(3.5)
+    assert e.update(4.0).event == "raised"
+    # In-bounds values move the mean, never the band past the calibrated envelope, nor sigma below it.
+    e = Ewma.calibrated("above", 3.0, 0.5, 2, 3, 0.0, mean=2.0, sigma=0.5)
+    for _ in range(50):
+        e.update(3.4)
+    low, high = e.bounds()
+    assert high == pytest.approx(3.5) and low == pytest.approx(e.mean - 1.5) and e.mean > 3.3
+    for _ in range(50):
+        e.update(0.6)
+    assert e.bounds()[0] == pytest.approx(0.5)
+    assert e.bounds()[1] == pytest.approx(e.mean + 1.5) and e.bounds()[1] < 3.5  # a quieter level tightens the band
+    restored = Ewma.from_state(e.state())
+    assert restored.bounds() == e.bounds() and restored.update(9.0).status == "beyond"
+
+
+def test_leave_out_shift_equals_a_codebook_refitted_without_the_rows() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((300, 24)) @ rng.standard_normal((24, 24)) + 2.0
+    rows = np.sort(rng.choice(300, size=40, replace=False))
+    rest = np.delete(x, rows, axis=0)
+    # Independently: fit a codebook on the rest and measure the rows' mean shift the ordinary way.
+    expected = Codebook.fit("image", rest, 4, seed=0).mean_shift(x[rows])
+    assert LeaveOut(x).shift(rows) == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    # Against the whole reference (rows included) the same rows look closer than they are.
+    assert Codebook.fit("image", x, 4, seed=0).mean_shift(x[rows]) < expected - 0.3
 
 
 def test_codebook_is_deterministic_and_pinned() -> None:
