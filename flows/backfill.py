@@ -7,7 +7,8 @@ deployment, with these as parameters for ``prefect deployment run`` / ``run_depl
   overwrite of that day; a day already computed by the same operator bytes is left alone unless
   ``force``);
 - ``drift``: when the features of the range changed (or only the drift stage was asked for), one
-  ``drift-stream`` child run with ``rebuild``: the windows are rescored from the reference on, and a
+  ``drift-stream`` child run with ``rebuild``: the windows are rescored from the reference on (the one
+  the codebooks were fitted on, or the range ``reference_from``..``reference_to`` given here), and a
   rescoring that gives what the table holds writes nothing.
 
 A rerun changes nothing (no new Delta version anywhere). Lineage run ids are deterministic: the same
@@ -22,7 +23,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from mmlake.flows.drift import drift_stream
+from mmlake.flows.drift import drift_stream, reference_choice
 from mmlake.flows.preprocess import backfill_features, backfill_run_id
 from mmlake.flows.stages import parse_backfill_stages
 from mmlake.lake import days, format_us, time_range
@@ -41,11 +42,15 @@ def check_range(start: str, end: str) -> tuple[int, int]:
 def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift", lake: str | None = None,
              operator: str | None = None, force: bool = False, clip_weights: str | None = None,
              provider: str | None = None, threads: int | None = None,
-             batch_size: int | None = None, progress: Any = None) -> dict[str, Any]:
+             batch_size: int | None = None, progress: Any = None, reference_from: str | None = None,
+             reference_to: str | None = None, reference_first: bool = False) -> dict[str, Any]:
     """Re-run ``start <= event_time < end`` of ``stream`` through ``stages`` (see the module docstring).
-    In-process runs may pass ``progress``, called with (raw rows done, raw rows in the range)."""
+    In-process runs may pass ``progress``, called with (raw rows done, raw rows in the range).
+    ``reference_from``/``reference_to`` (or ``reference_first``) move the drift reference as the
+    rescoring starts over (the drift stage then runs even when no feature changed)."""
     logger = get_run_logger()
     lo, hi = check_range(start, end)
+    new_reference = reference_choice(reference_from, reference_to) is not None or reference_first
     chosen = parse_backfill_stages(stages)
     settings = LakeSettings().with_overrides(lake=lake)
     tables = settings.tables(stream)
@@ -76,12 +81,14 @@ def backfill(stream: str, start: str, end: str, stages: str = "preprocess,drift"
         if "drift" in chosen:
             if not tables.exists("drift"):
                 out["drift"] = {"status": "no drift table yet: nothing to rescore"}
-            elif "preprocess" in chosen and out["rows"] == 0:
+            elif "preprocess" in chosen and out["rows"] == 0 and not new_reference:
                 out["drift"] = {"status": "features of the range unchanged: drift left alone"}
             else:
                 # Rescored with the settings the drift table was scored with (a backfill changes data,
-                # not how drift is measured).
-                out["drift"] = drift_stream(stream=stream, lake=settings.lake, rebuild=True, keep_settings=True)
+                # not how drift is measured), from the reference it was fitted on unless given another.
+                out["drift"] = drift_stream(stream=stream, lake=settings.lake, rebuild=True, keep_settings=True,
+                                            reference_from=reference_from, reference_to=reference_to,
+                                            reference_first=reference_first)
         run.complete(outputs=table_outputs(tables, ("features", "drift"), existing_only=True))
     logger.info("backfill %s %s..%s: %d rows rewritten over %d day(s), %d up to date", stream, start, end,
                 out["rows"], len(out["days"]), out["skipped_days"])

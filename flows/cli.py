@@ -316,9 +316,10 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 
 def cmd_drift(args: argparse.Namespace) -> int:
     from mmlake.errors import InputError
-    from mmlake.flows.drift import drift_stream
+    from mmlake.flows.drift import drift_stream, reference_choice
     from mmlake.preprocessing.drift.report import result_line
 
+    reference_choice(args.reference_from, args.reference_to)  # one line before a flow run starts
     settings = _settings(args)
     tables = settings.tables(args.stream)
     if not tables.exists("features"):  # before a flow run starts (and its API server with it)
@@ -326,7 +327,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
                          "(run `mmlake preprocess` first)")
     result = drift_stream(stream=args.stream, lake=settings.lake, rebuild=args.rebuild,
                           max_samples=args.max_samples, window=args.window, step=args.step,
-                          reference=args.reference)
+                          reference=args.reference, reference_from=args.reference_from,
+                          reference_to=args.reference_to, reference_first=args.reference_first)
     print(result_line(result))
     return 0
 
@@ -336,7 +338,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from mmlake.flows.stages import parse_backfill_stages
     from mmlake.preprocessing.drift.report import result_line
 
+    from mmlake.flows.drift import reference_choice
+
     check_range(args.start, args.end)
+    reference_choice(args.reference_from, args.reference_to)
     stages = parse_backfill_stages(args.stages)
     if "preprocess" in stages:
         _precheck(args, [args.operator] if args.operator else [])
@@ -347,7 +352,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                   console=None) as bar:
         job = bar.add_task("rows", total=None)
         result = backfill(stream=args.stream, start=args.start, end=args.end, stages=",".join(stages),
-                          operator=args.operator, force=args.force,
+                          operator=args.operator, force=args.force, reference_from=args.reference_from,
+                          reference_to=args.reference_to, reference_first=args.reference_first,
                           progress=lambda done, total: bar.update(job, completed=done, total=total),
                           **_preprocess_overrides(args))
     if "preprocess" in stages:
@@ -417,6 +423,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def lake(p: argparse.ArgumentParser) -> None:
         p.add_argument("--lake", help="lake root, a path or object-store URI (default: $MMLAKE_LAKE or ./lake)")
+
+    def reference_range(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--reference-from", metavar="T1",
+                       help="fit the drift reference on the samples with T1 <= event time < T2 (RFC 3339 or epoch "
+                            "ms) instead of the stream's first ones; windows are scored from T2 on")
+        p.add_argument("--reference-to", metavar="T2", help="end of the reference range (exclusive)")
+        p.add_argument("--reference-first", action="store_true",
+                       help="back to the stream's first $MMLAKE_DRIFT_REFERENCE samples (a rebuild otherwise keeps "
+                            "the chosen range)")
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (in memory, or durable on S3)")
     p.add_argument("--port", type=_port, default=9092)
@@ -523,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_positive_int, help="samples per window (default 128; $MMLAKE_DRIFT_WINDOW)")
     p.add_argument("--step", type=_positive_int, help="samples between windows (default 16)")
     p.add_argument("--reference", type=_positive_int, help="samples in the reference window (default 1024)")
+    reference_range(p)
     p.set_defaults(func=cmd_drift)
 
     p = sub.add_parser("backfill", help="re-run an event-time range through the stages (features, then drift)")
@@ -535,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to re-run for the range, in order: preprocess, drift (default both; drift is "
                         "rescored only when the range's features changed)")
     p.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
+    reference_range(p)
     lake(p)
     runtime(p)
     p.set_defaults(func=cmd_backfill)
@@ -554,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the whole pipeline on generated data with the embedded broker")
     p.add_argument("--lake", default="./lake")
-    p.add_argument("--samples", type=_positive_int, default=1000)
+    p.add_argument("--samples", type=_positive_int, default=1600)
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -26,8 +26,9 @@ class Settings(BaseSettings):
         values = {k: v for k, v in overrides.items() if v is not None}
         if not values:
             return self
-        # model_validate checks the new values without reading the environment again.
-        return type(self).model_validate({**self.model_dump(), **values})
+        # model_validate checks the new values without reading the environment again; passing only
+        # the fields given so far keeps ``model_fields_set`` true (what a user chose, not a default).
+        return type(self).model_validate({**self.model_dump(include=self.model_fields_set), **values})
 
 
 class LakeSettings(Settings):

@@ -118,7 +118,7 @@ def test_preprocess_drift_backfill_and_cache_warmup_on_s3(broker, new_topic, s3_
     features = run_preprocess(s3_settings.lake, "s", storage_options=options)
     assert features.rows == ingested.accepted and features.errors == 0
     assert run_preprocess(s3_settings.lake, "s", storage_options=options).rows == 0  # nothing missing
-    drift_settings = DriftSettings(reference=32, window=8, step=4, codes=4, warmup=2)
+    drift_settings = DriftSettings(reference=32, window=8, step=4, codes=4)
     drift = run_drift(s3_settings.lake, "s", drift_settings, storage_options=options)
     assert drift.windows > 0 and drift.rows > 0
     assert run_drift(s3_settings.lake, "s", drift_settings, storage_options=options).rows == 0

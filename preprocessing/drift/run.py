@@ -3,7 +3,8 @@
 - Input: ``<lake>/<stream>/features``, the rows of each modality's default operator (one embedding per
   part); parts are joined into samples by sample id, a sample's time is its earliest part's event time,
   and samples are taken in (time, sample id) order.
-- The codebooks are fitted once, on the stream's first ``reference`` samples, and pinned in
+- The codebooks are fitted once, on the stream's first ``reference`` samples (or the samples of an
+  event-time range the user chose), and pinned in
   ``<lake>/<stream>/drift_codebook`` (one row per modality: centroids, mean, spread, SHA-256, the operator
   whose embeddings they were fitted on, and the reference statistics). A later run refuses to go on if
   the operator, the settings or the codebook bytes changed (``--rebuild`` starts over).
@@ -24,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mmlake.errors import CommitConflictError, CommitRaceLost, InputError
-from mmlake.lake import UTC_US, StreamTables, scan, txn_version
+from mmlake.lake import UTC_US, StreamTables, format_us, scan, txn_version
 from mmlake.lake import commit as lake_commit
 from mmlake.preprocessing.drift.codebook import Codebook
-from mmlake.preprocessing.drift.detector import ERROR, MISSING, NAN, STATUS_NAMES, ZERO_NORM, Detector, Reference, Samples
+from mmlake.preprocessing.drift.detector import (ERROR, MISSING, NAN, STATUS_NAMES, ZERO_NORM, Detector, DriftConfig,
+                                                 Reference, Samples)
 from mmlake.preprocessing.errors import DriftStateError
 from mmlake.preprocessing.registry import OperatorSpec, load_registry
 from mmlake.preprocessing.drift.settings import DriftSettings
@@ -190,10 +192,12 @@ def _load_reference(dt: Any) -> tuple[Reference, list[dict[str, Any]]]:
 
 
 def _write_reference(tables: StreamTables, ref: Reference, ops: dict[str, OperatorSpec], config_sha: str,
-                     span: tuple[int, int]) -> None:
+                     span: tuple[int, int], chosen: tuple[int, int] | None) -> None:
+    """The codebooks, one row per modality, with the reference statistics and the reference chosen
+    (``range``: the event-time range pinned by the user, or null for the stream's first samples)."""
     from deltalake import write_deltalake
 
-    state = json.dumps(ref.as_state(), sort_keys=True)
+    state = json.dumps({**ref.as_state(), "range": list(chosen) if chosen else None}, sort_keys=True)
     rows = []
     for m, book in sorted(ref.codebooks.items()):
         spec = ops.get(m)
@@ -226,18 +230,83 @@ def _commit(tables: StreamTables, rows: pa.Table, state: dict[str, Any], seen: i
                                   "continue from its state") from err
 
 
+# -- the reference --------------------------------------------------------------------------------
+
+def _reference_span(samples: Samples, cfg: DriftConfig, chosen: tuple[int, int] | None) -> tuple[int, int] | str:
+    """Indices ``(first, end)`` of the reference among ``samples``: the first ``cfg.reference``, or
+    those whose time lies in the chosen range ``[lo, hi)``; or why it is not complete yet."""
+    if chosen is None:
+        if len(samples) < cfg.reference:
+            return f"collecting the reference: {len(samples)} of {cfg.reference} samples; no window scored yet"
+        return 0, cfg.reference
+    lo, hi = chosen
+    first = int(np.searchsorted(samples.times, lo, side="left"))
+    end = int(np.searchsorted(samples.times, hi, side="left"))
+    if end == len(samples):
+        # Features may still arrive inside the range until the stream has passed its end.
+        reach = format_us(int(samples.times[-1])) if len(samples) else "nothing yet"
+        return (f"collecting the reference: {end - first} samples in {format_us(lo)}..{format_us(hi)} so far, "
+                f"features reach {reach}; no window scored until one lies past the range")
+    held = end - first
+    valid = {m: int((s[first:end] == 0).sum()) for m, s in samples.status.items()}
+    least, parts = cfg.least_reference, max(4 * cfg.codes, 16)
+    if held < least or max(valid.values(), default=0) < parts:
+        counts = ", ".join(f"{m} {n}" for m, n in sorted(valid.items())) or "none"
+        raise InputError(f"the reference range {format_us(lo)}..{format_us(hi)} holds {held} samples (valid parts: "
+                         f"{counts}); {cfg.codes} codes and {cfg.window}-sample windows need at least {least} "
+                         f"samples and {parts} valid parts of one modality")
+    return first, end
+
+
+def _pinned_range(book_dt: Any) -> tuple[int, int] | None:
+    """The reference range recorded with the codebooks (None: the stream's first samples)."""
+    if book_dt is None:
+        return None
+    row = scan(book_dt, ["reference"]).slice(0, 1).to_pylist()
+    chosen = json.loads(row[0]["reference"]).get("range") if row else None
+    return (int(chosen[0]), int(chosen[1])) if chosen else None
+
+
+def _describe(chosen: tuple[int, int] | None, cfg: DriftConfig) -> str:
+    return f"{format_us(chosen[0])}..{format_us(chosen[1])}" if chosen else f"the first {cfg.reference} samples"
+
+
+def _settled_config(cfg: DriftConfig, pinned: dict[str, Any], settings: DriftSettings) -> tuple[DriftConfig, str]:
+    """The configuration to continue a drift table with, and a note. Settings the user set
+    (environment or arguments) must match the ones the table was scored with; where only a default
+    changed (a new release), the table keeps its own, so a scheduled run never stops on an upgrade."""
+    known = {k: v for k, v in pinned["config"].items() if k in DriftConfig.__dataclass_fields__}
+    old = DriftConfig(**known)
+    changed = [k for k in cfg.__dict__ if cfg.__dict__[k] != old.__dict__[k]]
+    chosen = [k for k in changed if k in settings.model_fields_set]
+    if chosen or old.sha256 != pinned["config_sha256"]:
+        raise DriftStateError("drift settings changed since the reference was fitted "
+                              f"({_config_diff(pinned['config'], cfg.__dict__)}): rerun with the old "
+                              "settings, or `mmlake drift --rebuild` to start over with the new ones")
+    return old, (f"; scored with the settings it was started with (new defaults: {_config_diff(pinned['config'], cfg.__dict__)}; "
+                 "`mmlake drift --rebuild` moves it to them)")
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
               storage_options: dict[str, str] | None = None, preprocess: PreprocessSettings | None = None,
               ops: dict[str, OperatorSpec] | None = None, rebuild: bool = False,
-              max_samples: int | None = None, keep_settings: bool = False) -> DriftSummary:
+              max_samples: int | None = None, keep_settings: bool = False,
+              reference_range: tuple[int, int] | None = None, reference_first: bool = False) -> DriftSummary:
     """Score the windows the stream's new features complete (see the module docstring).
     ``max_samples`` bounds how many new samples one run takes (the rest wait for the next run).
     ``keep_settings`` (with ``rebuild``, as a backfill does): rescore with the settings the table was
-    scored with, whatever ``settings`` says."""
-    from mmlake.preprocessing.drift.detector import DriftConfig
+    scored with, whatever ``settings`` says. ``reference_range`` (epoch µs, ``[lo, hi)``) pins
+    the reference to the samples of an event-time range instead of the stream's first
+    ``settings.reference``; ``reference_first`` goes back to those. Without either, a rebuild keeps
+    the reference the codebooks were fitted on."""
 
+    if reference_range is not None and reference_first:
+        raise InputError("choose a reference range or the stream's first samples, not both")
+    if reference_range is not None and reference_range[0] >= reference_range[1]:
+        raise InputError(f"the reference range {format_us(reference_range[0])}..{format_us(reference_range[1])} "
+                         "is empty")
     settings = settings or DriftSettings()
     cfg = settings.config()
     tables = StreamTables(lake, stream, dict(storage_options or {}))
@@ -255,29 +324,37 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     counter = txn_version(drift_dt, app_id(stream))
     state = None if rebuild else pinned
     book_dt = tables.open("drift_codebook")
+    pinned_range = _pinned_range(book_dt)
+    chosen = reference_range if reference_range is not None else (None if reference_first else pinned_range)
+    if state is not None and chosen != pinned_range:
+        raise DriftStateError(f"the reference of {stream!r} is pinned to {_describe(pinned_range, cfg)}: "
+                              f"`mmlake drift --rebuild` to move it to {_describe(chosen, cfg)}")
 
     if state is None:
         samples = read_samples(features, ops)
-        if len(samples) < cfg.reference:
-            summary.status = (f"collecting the reference: {len(samples)} of {cfg.reference} samples; "
-                              "no window scored yet")
+        span = _reference_span(samples, cfg, chosen)
+        if isinstance(span, str):
+            summary.status = span
             return summary
+        first, end = span
         ref = None
         if book_dt is not None and not rebuild:
             ref, rows = _load_reference(book_dt)
-            if rows[0]["config_sha256"] != cfg.sha256 or {r["modality"]: r["op_sha256"] for r in rows} != \
-                    {m: op_pins.get(m) for m in ref.codebooks}:
-                ref = None  # an earlier reference for other settings or operators: refit
+            if rows[0]["config_sha256"] != cfg.sha256 or pinned_range != chosen or \
+                    {r["modality"]: r["op_sha256"] for r in rows} != {m: op_pins.get(m) for m in ref.codebooks}:
+                ref = None  # an earlier reference for other settings, samples or operators: refit
         if ref is None:
-            ref = Reference.fit(samples.slice(0, cfg.reference), cfg)
-            _write_reference(tables, ref, ops, cfg.sha256,
-                             (int(samples.times[0]), int(samples.times[cfg.reference - 1])))
+            ref = Reference.fit(samples.slice(first, end), cfg)
+            _write_reference(tables, ref, ops, cfg.sha256, (int(samples.times[first]), int(samples.times[end - 1])),
+                             chosen)
+            summary.status = (f"reference fitted on samples {first + 1}..{end}"
+                              + (f" ({_describe(chosen, cfg)})" if chosen else ""))
+        else:
+            summary.status = "reference loaded"
         detector = Detector(cfg, ref)
-        reference_end = (int(samples.times[cfg.reference - 1]), samples.ids[cfg.reference - 1])
-        new = samples.slice(cfg.reference, len(samples))
-        consumed_before = cfg.reference
-        summary.status = (f"reference fitted on samples 1..{cfg.reference}" if book_dt is None or rebuild
-                          else "reference loaded")
+        reference_end = (int(samples.times[end - 1]), samples.ids[end - 1])
+        new = samples.slice(end, len(samples))
+        offset = consumed_before = end
     else:
         if book_dt is None:
             raise DriftStateError(f"{tables.uri('drift')} has a state but {tables.uri('drift_codebook')} is gone: "
@@ -286,10 +363,9 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         if ref.sha256 != state["codebook_sha256"]:
             raise DriftStateError(f"the drift state was scored with codebook {state['codebook_sha256'][:12]}, the "
                                   f"pinned codebook is {ref.sha256[:12]}: `mmlake drift --rebuild`")
+        note = ""
         if state["config_sha256"] != cfg.sha256:
-            raise DriftStateError("drift settings changed since the reference was fitted "
-                                  f"({_config_diff(state.get('config', {}), cfg.__dict__)}): rerun with the old "
-                                  "settings, or `mmlake drift --rebuild` to start over with the new ones")
+            cfg, note = _settled_config(cfg, state, settings)
         changed = sorted(m for m in ref.codebooks if state["operators"].get(m) != op_pins.get(m))
         if changed:
             raise DriftStateError(f"the default operator of {', '.join(changed)} changed since the codebooks were "
@@ -308,8 +384,9 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         new = samples.slice(start, len(samples))
         detector = Detector(cfg, ref, state["detector"], tail)
         consumed_before = int(state["consumed"])
+        offset = int(state.get("offset", cfg.reference))
         reference_end = cursor
-        summary.status = "continued from the last drift commit"
+        summary.status = "continued from the last drift commit" + note
 
     if max_samples is not None:
         new = new.slice(0, max_samples)
@@ -328,10 +405,10 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     last = (int(new.times[-1]), new.ids[-1]) if len(new) else reference_end
     new_state = {"codebook_sha256": ref.sha256, "config_sha256": cfg.sha256, "config": cfg.__dict__,
                  "operators": {m: op_pins.get(m) for m in ref.codebooks},
-                 "consumed": consumed_before + len(new), "cursor": list(last),
-                 "detector": detector.state()}
+                 "consumed": consumed_before + len(new), "cursor": list(last), "offset": offset,
+                 "reference_range": list(chosen) if chosen else None, "detector": detector.state()}
     for r in rows:
-        r["first_sample"] += cfg.reference  # counted from the stream's first sample
+        r["first_sample"] += offset  # counted from the stream's first sample
         r["codebook_sha256"] = ref.sha256
     table = _table(rows, DRIFT_SCHEMA)
     if rebuild and _same_rows(drift_dt, table) and state_matches(pinned, new_state):

@@ -16,7 +16,7 @@ DAY_MS = 86_400_000
 
 @pytest.fixture
 def small_drift(monkeypatch, default_lineage):
-    for key, value in {"REFERENCE": "32", "CODES": "4", "WINDOW": "8", "STEP": "4", "WARMUP": "2"}.items():
+    for key, value in {"REFERENCE": "32", "CODES": "4", "WINDOW": "8", "STEP": "4"}.items():
         monkeypatch.setenv(f"MMLAKE_DRIFT_{key}", value)
 
 
@@ -77,6 +77,15 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
     assert len(parents) == 3 and len({e["run"]["runId"] for e in parents}) == 1  # deterministic run id
     days = {e["run"]["runId"] for e in events if e["job"]["name"] == "backfill-features.s"}
     assert len(days) == 2  # one id per day, the same on the rerun
+
+    # A backfill may move the drift reference: rescored from the samples of the range given, which
+    # later rebuilds keep.
+    moved = backfill(stream="s", start=start, end=end, lake=lake, stages="drift",
+                     reference_from="2026-01-01T12:00:00Z", reference_to="2026-01-02T12:00:00Z")
+    assert "samples 21..60 (2026-01-01T12:00:00Z..2026-01-02T12:00:00Z)" in moved["drift"]["status"]
+    assert min(tables.open("drift").to_pyarrow_table().column("first_sample").to_pylist()) == 60
+    kept = backfill(stream="s", start=start, end=end, lake=lake, stages="drift")
+    assert "identical" in kept["drift"]["status"]
 
 
 def test_backfill_refuses_bad_ranges_and_stages_in_one_line(tmp_path, capsys) -> None:

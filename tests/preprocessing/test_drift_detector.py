@@ -96,7 +96,7 @@ def test_bad_parts_are_counted_skipped_and_never_alarm() -> None:
 
 def test_run_over_the_features_table_is_incremental_and_exactly_once(tmp_path) -> None:
     lake = str(tmp_path)
-    settings = DriftSettings(reference=512, warmup=16)
+    settings = DriftSettings(reference=512)
     s = stream("shuffle", 2000, change=1500, seed=8)
     write_features(lake, "st", s.slice(0, 300), OPS)
     first = run_drift(lake, "st", settings, ops=OPS)
@@ -147,7 +147,7 @@ def test_too_few_embeddings_of_a_modality_leave_it_unmonitored() -> None:
 
 def test_a_rebuild_with_only_the_reference_then_new_samples_continues(tmp_path) -> None:
     lake = str(tmp_path)
-    settings = DriftSettings(reference=512, warmup=16)
+    settings = DriftSettings(reference=512)
     s = stream("null", 1000, seed=10)
     write_features(lake, "st", s.slice(0, 512), OPS)
     empty = run_drift(lake, "st", settings, ops=OPS, rebuild=True)
@@ -155,3 +155,94 @@ def test_a_rebuild_with_only_the_reference_then_new_samples_continues(tmp_path) 
     write_features(lake, "st", s.slice(512, 1000), OPS)
     more = run_drift(lake, "st", settings, ops=OPS)
     assert more.samples == 1000 - 512 and more.windows == (1000 - 512 - 128) // 16 + 1
+
+
+@pytest.mark.parametrize("after", [0, 64, 256])
+@pytest.mark.parametrize("scenario", ["shuffle", "covariate", "vocabulary"])
+def test_a_change_right_after_the_reference_is_found_within_two_windows(scenario: str, after: int) -> None:
+    change = CFG.reference + after
+    raised, _ = _raised(scenario, seed=11, n=change + 3 * CFG.window, change=change)
+    assert raised and min(d for d, _ in raised) >= 0, raised  # nothing before the change
+    assert raised[0][0] <= 2 * CFG.window, raised
+
+
+def test_a_drift_present_from_the_first_window_is_never_learnt_as_normal() -> None:
+    _, rows = _raised("covariate", seed=12, n=5000, change=CFG.reference)
+    shift = [r for r in rows if r["metric"] == "shift.image"]
+    assert shift[1]["event"] == "raised"  # the first two windows confirm it
+    assert all(r["alarm"] for r in shift[1:])  # and it stays up for 3,800 samples
+    # The old warm-up learnt the first 32 windows as normal: the same drift went unreported.
+    legacy = DriftConfig(warmup=32)
+    s = stream("covariate", 5000, change=CFG.reference, seed=12)
+    old = Detector(legacy, Reference.fit(s.slice(0, legacy.reference), legacy)).feed(s.slice(legacy.reference, 5000))
+    assert not [r for r in old if r["metric"] == "shift.image" and r["alarm"]]
+
+
+def _concat(*parts):
+    """Samples one after another, with times and ids renumbered to follow on."""
+    from mmlake.preprocessing.drift.detector import Samples
+
+    whole = Samples.concat(list(parts), ["audio", "image", "text"])
+    return Samples(parts[0].times[0] + np.arange(len(whole), dtype=np.int64) * 100_000,
+                   [f"c-{i:06d}" for i in range(len(whole))], whole.embeddings, whole.status)
+
+
+def test_a_chosen_reference_range_is_pinned_kept_by_a_rebuild_and_refused_when_too_small(tmp_path) -> None:
+    from deltalake import DeltaTable
+
+    from mmlake.errors import InputError
+
+    # 400 samples of a shifted image encoder, then a clean stream whose captions shuffle 1,000 samples
+    # after the chosen reference ends: the user pins the clean stretch as the reference.
+    s = _concat(stream("covariate", 400, change=0, seed=13, magnitude=0.8), stream("shuffle", 2400, change=2000, seed=12))
+    lo, hi = int(s.times[400]), int(s.times[1424])
+    lake = str(tmp_path / "a")
+    write_features(lake, "st", s.slice(0, 1000), OPS)
+    waiting = run_drift(lake, "st", ops=OPS, reference_range=(lo, hi))
+    assert waiting.rows == 0 and "collecting the reference: 600 samples" in waiting.status
+    with pytest.raises(InputError, match=r"holds 100 samples .*need at least 256 samples"):
+        run_drift(lake, "st", ops=OPS, reference_range=(lo, int(s.times[500])))
+    write_features(lake, "st", s.slice(1000, 2800), OPS)
+    done = run_drift(lake, "st", ops=OPS, reference_range=(lo, hi))
+    assert done.samples == 2800 - 1424 and "samples 401..1424" in done.status
+    rows = DeltaTable(f"{lake}/st/drift").to_pyarrow_table().to_pylist()
+    assert min(r["first_sample"] for r in rows) == 1424  # counted from the stream's first sample
+    assert min(int(r["window_start"].timestamp() * 1e6) for r in rows) >= hi
+    raised = [r for r in rows if r["event"] == "raised"]
+    ends = [r["first_sample"] + CFG.window - 1 - 2400 for r in raised]
+    assert raised and min(ends) >= 0 and min(ends) <= 2 * CFG.window  # shuffle at 400 + 2000
+    book = DeltaTable(f"{lake}/st/drift_codebook").to_pyarrow_table().to_pylist()[0]
+    assert int(book["reference_from"].timestamp() * 1e6) == lo and int(book["reference_to"].timestamp() * 1e6) == int(s.times[1423])
+
+    with pytest.raises(DriftStateError, match="pinned to .*--rebuild"):
+        run_drift(lake, "st", ops=OPS, reference_range=(int(s.times[300]), hi))
+    with pytest.raises(DriftStateError, match="pinned to"):
+        run_drift(lake, "st", ops=OPS, reference_first=True)
+    kept = run_drift(lake, "st", ops=OPS, rebuild=True)
+    assert "identical" in kept.status  # the same range, the same rows
+    first = run_drift(lake, "st", ops=OPS, rebuild=True, reference_first=True)
+    assert "samples 1..1024" in first.status and first.samples == 2800 - 1024
+    again = run_drift(lake, "st", ops=OPS, rebuild=True)  # the first samples stay chosen now
+    assert "identical" in again.status
+
+    # One run over a lake that had every feature from the start: the same rows as the two runs above.
+    other = str(tmp_path / "b")
+    write_features(other, "st", s, OPS)
+    run_drift(other, "st", ops=OPS, reference_range=(lo, hi))
+    keys = [("first_sample", "ascending"), ("metric", "ascending")]
+    whole = DeltaTable(f"{other}/st/drift").to_pyarrow_table().sort_by(keys).to_pylist()
+    assert whole == sorted(rows, key=lambda r: (r["first_sample"], r["metric"]))
+
+
+def test_a_table_scored_before_the_calibration_continues_with_its_own_settings(tmp_path) -> None:
+    lake = str(tmp_path)
+    s = stream("null", 2000, seed=14)
+    write_features(lake, "st", s.slice(0, 1400), OPS)
+    run_drift(lake, "st", DriftSettings(warmup=32), ops=OPS)  # as an earlier release scored it
+    write_features(lake, "st", s.slice(1400, 2000), OPS)
+    with pytest.raises(DriftStateError, match="warmup 32 -> 0"):
+        run_drift(lake, "st", DriftSettings(warmup=0), ops=OPS)  # chosen by the user: refused
+    # Only the default changed (an upgrade): a scheduled run goes on with the table's settings.
+    later = run_drift(lake, "st", DriftSettings(), ops=OPS)
+    assert later.samples == 600 and "scored with the settings it was started with" in later.status
+    assert "warmup 32 -> 0" in later.status

@@ -23,7 +23,7 @@ WINDOW = 64
 @pytest.fixture
 def small_windows(monkeypatch, default_lineage):
     """Windows small enough for a 720-sample stream; OpenLineage to the lake's file transport."""
-    for key, value in {"REFERENCE": "256", "WINDOW": str(WINDOW), "STEP": "8", "WARMUP": "16"}.items():
+    for key, value in {"REFERENCE": "256", "WINDOW": str(WINDOW), "STEP": "8"}.items():
         monkeypatch.setenv(f"MMLAKE_DRIFT_{key}", value)
 
 
@@ -95,3 +95,11 @@ def test_drift_cli_errors_are_one_line(tmp_path: Path, operator_cache: str) -> N
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("mmlake: error: stream 'nope' has no features table")
     assert len(out.stderr.strip().splitlines()) == 1
+    for args, message in ((["--reference-from", "2026-01-01T00:00:00Z"], "a reference range needs both"),
+                          (["--reference-from", "2026-01-02T00:00:00Z", "--reference-to", "2026-01-01T00:00:00Z"],
+                           "--reference-from must be before --reference-to")):
+        out = subprocess.run([sys.executable, "-m", "mmlake.flows.cli", "drift", "--stream", "s", "--lake",
+                              str(tmp_path / "lake"), *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                             timeout=240)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"mmlake: error: {message}"), lines
