@@ -1,7 +1,8 @@
 """``mmlake demo``: the pipeline on generated data, with the embedded broker and no configuration.
 
-A generated multimodal data set (images with captions, audio clips, event times over three hours;
-from half-way on, captions describe other samples' images: a pairing shuffle) plus a few re-sent, late
+A generated multimodal data set (1,600 images with captions, audio clips, event times over three
+hours; from sample 1,200 on, 176 samples after the drift reference ends, captions describe other
+samples' images: a pairing shuffle) plus a few re-sent, late
 and malformed records goes through the embedded broker into the lake; a second ingest run shows that
 nothing is written twice. The raw rows go through the ONNX operators into the features table (seeded,
 untrained CLIP towers unless MMLAKE_PREPROCESS_CLIP_WEIGHTS is set); a backfill of one hour, run twice,
@@ -38,7 +39,7 @@ def _progress(label: str, done: int, total: int) -> None:
     sys.stdout.flush()
 
 
-def run_demo(lake: str = "./lake", samples: int = 1000, stream: str = "demo") -> int:
+def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") -> int:
     """Run the demo and print its summary; returns the process exit code."""
     from mmlake.flows.ingest import ingest_stream
     from mmlake.ingest import EmbeddedBroker, MultimodalProducer, ensure_topic, synth
@@ -50,7 +51,7 @@ def run_demo(lake: str = "./lake", samples: int = 1000, stream: str = "demo") ->
         if stream_dir.exists():
             print(f"removing the previous demo stream at {stream_dir}")
             shutil.rmtree(stream_dir)
-    shuffle_at = samples // 2
+    shuffle_at = samples * 3 // 4
     with EmbeddedBroker() as broker:
         print(f"embedded broker up at {broker.bootstrap}")
         topic = "demo"
@@ -145,22 +146,19 @@ START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPAN_MS = 3 * 3600 * 1000
 
 
-def _drift_settings(samples: int) -> dict[str, int]:
-    """Windows sized for the demo's stream (the defaults need 1024 reference samples): a quarter of the
-    stream as reference, 64-sample windows every 8, a 16-window warm-up; monitoring starts before half-way."""
-    return {"reference": max(64, samples // 4), "window": 64, "step": 8, "warmup": 16}
-
-
 def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, Any]:
+    """Drift at the default settings (a 1,024-sample reference, 128-sample windows every 16)."""
     from mmlake.flows.drift import drift_stream
     from mmlake.lake import format_us
     from mmlake.preprocessing.drift.report import result_line
+    from mmlake.preprocessing.drift.settings import DriftSettings
 
-    config = _drift_settings(samples)
+    defaults = DriftSettings()
     t0 = time.monotonic()
-    result = drift_stream(stream=stream, lake=lake, reference=config["reference"], window=config["window"],
-                          step=config["step"], warmup=config["warmup"])
-    print(f"  drift ({', '.join(f'{k}={v}' for k, v in config.items())}; {time.monotonic() - t0:.1f}s):")
+    result = drift_stream(stream=stream, lake=lake)
+    which = "the defaults" if not defaults.model_fields_set else "from MMLAKE_DRIFT_*"
+    print(f"  drift (reference {defaults.reference} samples, windows of {defaults.window} every {defaults.step}: "
+          f"{which}; {time.monotonic() - t0:.1f}s):")
     print(f"    {result_line(result)}")
     raised = result["alarms_raised"]
     shuffle_us = START_MS * 1000 + shuffle_at * SPAN_MS * 1000 // samples
@@ -173,10 +171,10 @@ def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, A
     alarms = "; ".join(f"{m} (window {hms(a['window_start'])}-{hms(a['window_end'])})"
                        for m, a in sorted(first.items(), key=lambda kv: kv[1]["window_end"])) or "none"
     alarms += f"   [captions shuffled from {hms(shuffle_us)} on]"
-    # Monitoring starts after the reference, one window and the warm-up; a stream too short to monitor
-    # anything before the shuffle cannot be asked to alarm on it.
-    monitored_from = config["reference"] + config["window"] + config["warmup"] * config["step"]
-    ok = "mi.image-text" in first if monitored_from < shuffle_at else True
+    # The first window ends one window after the reference; a stream too short to score a window past
+    # the shuffle cannot be asked to alarm on it.
+    scored_past_shuffle = samples >= max(defaults.reference, shuffle_at) + defaults.window
+    ok = "mi.image-text" in first if scored_past_shuffle else True
     ok = ok and all(a["window_end"] >= shuffle_us for a in raised)
     return {"ok": ok, "alarms": alarms, "plot": result.get("plot"), "raised": bool(raised)}
 
