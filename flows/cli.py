@@ -75,6 +75,7 @@ def _settings(args: argparse.Namespace) -> Any:
         lake=getattr(args, "lake", None),
         kafka_bootstrap=getattr(args, "bootstrap", None),
         allowed_lateness_s=getattr(args, "allowed_lateness", None),
+        kafka_client=getattr(args, "kafka_client", None),
     )
     check_lake(settings.lake, create=getattr(args, "command", None) in _WRITERS)
     return settings
@@ -158,6 +159,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         max_records=args.max_records,
         allowed_lateness_s=settings.allowed_lateness_s,
         cancel=cancel,
+        kafka_client=settings.kafka_client,
     )
     from mmlake.ingest.engine import IngestSummary
 
@@ -456,6 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-records", type=_positive_int, help="stop after reading this many records")
     p.add_argument("--partitions", type=_partitions, help="only these partitions, e.g. 0,2 (default: all)")
     p.add_argument("--allowed-lateness", type=_non_negative_float, metavar="SECONDS")
+    p.add_argument("--kafka-client", choices=["kafka-python", "confluent-kafka"],
+                   help="the client to read with (default: $MMLAKE_KAFKA_CLIENT or kafka-python)")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("compact", help="z-order a stream's tables by event time, checkpoint and vacuum")

@@ -67,18 +67,19 @@ def ingest_stream(
     max_records: int | None = None,
     allowed_lateness_s: float | None = None,
     cancel: Any = None,
+    kafka_client: str | None = None,
 ) -> dict[str, Any]:
     """Ingest what ``topic`` holds now (or keep following it) into ``<lake>/<stream>``.
 
     Unset parameters come from the ``MMLAKE_...`` environment (see docs/configuration.md). ``cancel``
     (a ``threading.Event``, in-process runs only): once set, a following run finishes its current
     micro-batch and returns. Returns the run summary as a dict (accepted, late, duplicates,
-    dead_lettered, offsets, ...).
+    dead_lettered, offsets, ...). ``kafka_client``: ``kafka-python`` or ``confluent-kafka``.
     """
     from prefect.runtime import flow_run
 
     settings = IngestSettings().with_overrides(
-        lake=lake, kafka_bootstrap=bootstrap, allowed_lateness_s=allowed_lateness_s
+        lake=lake, kafka_bootstrap=bootstrap, allowed_lateness_s=allowed_lateness_s, kafka_client=kafka_client
     )
     job = f"ingest-stream.{stream}"
     inputs = [kafka_input(settings.kafka_bootstrap, topic)]

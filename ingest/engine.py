@@ -42,7 +42,7 @@ from mmlake.ingest import wire
 from mmlake.ingest._faults import crash_point
 from mmlake.ingest.errors import IngestError, TopicNotFoundError
 from mmlake.ingest.settings import IngestSettings
-from mmlake.ingest.source import KafkaSource
+from mmlake.ingest.source import KafkaSource, open_source
 from mmlake.ingest.tables import HEADERS_TYPE, TABLES
 from mmlake.lake import UTC_US, format_us
 
@@ -340,7 +340,8 @@ class IngestRun:
     def run(self) -> IngestSummary:
         """Ingest until caught up (bounded), ``max_records`` read, or ``stop`` is set (follow)."""
         settings = self.settings
-        source = KafkaSource(settings.kafka_bootstrap, self.topic, timeout_s=settings.kafka_timeout_s)
+        source = open_source(settings.kafka_client, settings.kafka_bootstrap, self.topic,
+                             timeout_s=settings.kafka_timeout_s)
         try:
             assigned = self.partitions if self.partitions is not None else source.available_partitions
             source_partitions = source.available_partitions

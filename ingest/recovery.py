@@ -13,19 +13,20 @@ inside the same batch takes the detour again, from where it stopped.
 
 from __future__ import annotations
 
+import gc
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 #: Most records one detour reads per partition before handing back to kafka-python (a record batch
 #: rarely holds more; if it does, kafka-python fails again inside it and the detour goes on).
 DETOUR_RECORDS = 1000
 
 
-@dataclass(frozen=True)
-class Recovered:
-    """A record read through the detour, with the fields the engine reads from a consumed record;
-    ``undecodable`` says why the record itself cannot be used (None: a good record)."""
+class Recovered(NamedTuple):
+    """A record read through librdkafka, with the fields the engine reads from a consumed record;
+    ``undecodable`` says why the record itself cannot be used (None: a good record). A named tuple:
+    the confluent-kafka source makes one per record."""
 
     topic: str
     partition: int
@@ -33,7 +34,7 @@ class Recovered:
     timestamp: int | None
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    headers: Sequence[tuple[str, bytes | None]] = ()
     undecodable: str | None = None
 
 
@@ -62,7 +63,7 @@ class Detour:
         self._consumer.assign([TopicPartition(self.topic, p, at) for p, at in positions.items()])
         taken: dict[int, list[Recovered]] = {p: [] for p in positions}
         size = 0
-        open_ = {p for p, at in positions.items() if bounds.get(p) is None or at < bounds[p]}
+        open_ = {p for p, at in positions.items() if (bound := bounds.get(p)) is None or at < bound}
         deadline = time.monotonic() + self.timeout_s
         while open_ and time.monotonic() < deadline:
             message = self._consumer.poll(min(0.5, max(deadline - time.monotonic(), 0.01)))
@@ -85,7 +86,7 @@ class Detour:
             if bound is not None and message.offset() >= bound:
                 open_.discard(p)
                 continue
-            taken[p].append(_recovered(self.topic, message))
+            taken[p].append(record_of(self.topic, message))
             size += len(message.value() or b"")
             if len(taken[p]) >= max_records:
                 open_.discard(p)
@@ -99,16 +100,43 @@ class Detour:
             self._consumer = None
 
 
-def _recovered(topic: str, message: Any) -> Recovered:
+def record_of(topic: str, message: Any) -> Recovered:
+    """A librdkafka message as a record (``undecodable`` set when its headers cannot be read). Each
+    ``value()`` call copies the payload: it is called once."""
     kind, ts = message.timestamp()
-    try:
-        headers = [(name, value) for name, value in (message.headers() or [])]
-        for name, _ in headers:
-            name.encode("utf-8")  # a key decoded with surrogates would not survive the table either
-    except Exception as err:  # noqa: BLE001 - the binding raises SystemError for a key that is not UTF-8
+    headers, why = _headers(message)
+    if headers is None:
         return Recovered(topic, message.partition(), message.offset(), ts if kind else None, message.key(),
-                         message.value(), undecodable=(
-                             "the Kafka client cannot decode this record: a header key is not UTF-8 "
-                             f"({type(err).__name__}); key, value and timestamp kept, headers lost"))
+                         message.value(), (), (f"the Kafka client cannot decode this record: a header key is not "
+                                               f"UTF-8 ({why}); key, value and timestamp kept, headers lost"))
     return Recovered(topic, message.partition(), message.offset(), ts if kind else None, message.key(),
                      message.value(), headers)
+
+
+def _headers(message: Any) -> tuple[list[tuple[str, bytes | None]] | None, str]:
+    """The message's headers, or None and why when the binding cannot decode them. confluent-kafka
+    builds a header key that is not UTF-8 as a tuple with a missing (NULL) item: it raises
+    ``SystemError`` on the first call, but another header after it can clear that error, and a cached
+    list comes back on a later call; touching the missing item crashes the process. So the tuples'
+    items are counted (``gc.get_referents`` skips a NULL) before any is unpacked."""
+    try:
+        raw = message.headers()
+        if not raw:
+            return [], ""
+        # Every tuple's items, as the garbage collector sees them: a NULL item is skipped (one C call).
+        # A decoding error the binding left pending surfaces here, inside the try.
+        if any(type(item) is not tuple or len(item) != 2 for item in raw) or \
+                len(gc.get_referents(*raw)) != 2 * len(raw):
+            return None, "a header the binding could not build"
+    except Exception as err:  # noqa: BLE001 - SystemError or UnicodeDecodeError for a key that is not UTF-8
+        return None, type(err).__name__
+    out = []
+    for name, value in raw:
+        if type(name) is not str:
+            return None, "a header key that is not text"
+        try:
+            name.encode("utf-8")  # a key decoded with surrogates would not survive the table either
+        except UnicodeEncodeError:
+            return None, "UnicodeEncodeError"
+        out.append((name, value))
+    return out, ""

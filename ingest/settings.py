@@ -6,6 +6,8 @@ environment, which overrides the defaults.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from mmlake.settings import LakeSettings
@@ -20,6 +22,11 @@ class IngestSettings(LakeSettings):
     kafka_bootstrap: str = Field(
         DEFAULT_BOOTSTRAP,
         description="Kafka bootstrap servers, comma separated (`mmlake broker` listens here by default).",
+    )
+    kafka_client: Literal["kafka-python", "confluent-kafka"] = Field(
+        "kafka-python",
+        description="The Kafka client ingest reads with: `kafka-python` (pure Python) or `confluent-kafka` "
+        "(librdkafka: fetching and decoding in C threads). Same records, same tables.",
     )
     kafka_timeout_s: float = Field(
         10.0,

@@ -4,22 +4,86 @@ Offsets come from the Delta log, not from Kafka: the caller seeks each partition
 A bounded run ("available now") stops at each partition's high watermark as first seen in this run.
 The high watermark is taken from fetch responses, which every broker reports correctly (Tansu's
 ListOffsets answer can lag behind the last record batch).
+
+The source is pluggable (:class:`KafkaSource`); two clients implement it, registered by name in
+:data:`SOURCES` and chosen by ``MMLAKE_KAFKA_CLIENT`` / ``--kafka-client``:
+
+- ``kafka-python`` (:class:`KafkaPythonSource`): pure Python; fetching and decoding share the GIL with
+  the ingest loop;
+- ``confluent-kafka`` (:class:`ConfluentSource`): librdkafka, which fetches and decodes record
+  batches in its own C threads, outside the GIL.
+
+Both give the same records for the same offsets: ``partition``, ``offset``, ``timestamp`` (ms or
+None), ``key``, ``value``, ``headers`` (``[(str, bytes)]``) and, for a record whose headers cannot be
+decoded, ``undecodable`` (the reason; the engine dead-letters it).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mmlake.ingest.broker import wait_for_kafka
 from mmlake.ingest.errors import BrokerUnavailableError, IngestError, TopicNotFoundError
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from kafka import KafkaConsumer
 
 
-class KafkaSource:
-    """Explicitly assigned partitions of one topic; ``fetch`` returns records in offset order per partition."""
+class KafkaSource(Protocol):
+    """Explicitly assigned partitions of one topic, read in offset order per partition."""
+
+    topic: str
+    bootstrap: str
+    available_partitions: list[int]
+
+    def assign(self, start: dict[int, int], *, bounded: bool) -> None:
+        """Read each partition in ``start`` from its offset; bounded runs stop at the high watermark."""
+
+    def seek(self, start: dict[int, int]) -> None:
+        """Move assigned partitions back or forward (after another writer moved the Delta offsets)."""
+
+    def done(self) -> bool:
+        """In a bounded run: every partition has reached the end it had when the run first saw it."""
+
+    def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Any]:
+        """Up to ``max_records`` records (or ``max_bytes`` of payload), waiting at most ``wait_s`` for
+        the first, sorted by partition, then offset. Raises :class:`BrokerUnavailableError` when no
+        progress was possible for the source's timeout."""
+
+    def submit_fetch(self, max_records: int, max_bytes: int, wait_s: float) -> Future[list[Any]]:
+        """:meth:`fetch` on a worker thread; the caller touches the source again only after the result."""
+
+    def close(self) -> None: ...
+
+
+class _Prefetching:
+    """``submit_fetch`` for a source whose ``fetch`` may run on one worker thread."""
+
+    _pool: Any = None
+
+    def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Any]:
+        raise NotImplementedError
+
+    def submit_fetch(self, max_records: int, max_bytes: int, wait_s: float) -> Future[list[Any]]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmlake-fetch")
+        return self._pool.submit(self.fetch, max_records, max_bytes, wait_s)
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class KafkaPythonSource(_Prefetching):
+    """The kafka-python client; ``fetch`` returns its ``ConsumerRecord``s."""
+
+    name = "kafka-python"
 
     def __init__(self, bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> None:
         from kafka import KafkaConsumer, TopicPartition
@@ -51,7 +115,6 @@ class KafkaSource:
         self._bounds: dict[int, int] = {}
         self._assigned: list[int] = []
         self._last_progress = time.monotonic()
-        self._pool: Any = None
         self._detour: Any = None  # librdkafka, for what kafka-python cannot decode (opened when needed)
 
     def assign(self, start: dict[int, int], *, bounded: bool) -> None:
@@ -94,15 +157,6 @@ class KafkaSource:
         return all(
             self._consumer.position(self._tp(self.topic, p)) >= self._bounds[p] for p in self._assigned
         )
-
-    def submit_fetch(self, max_records: int, max_bytes: int, wait_s: float) -> Any:
-        """Start :meth:`fetch` on a worker thread; the returned future's ``result()`` gives the records.
-        The caller touches the source again only after that result is in."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmlake-fetch")
-        return self._pool.submit(self.fetch, max_records, max_bytes, wait_s)
 
     def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Any]:
         """Up to ``max_records`` records (or ``max_bytes`` of payload), waiting at most ``wait_s`` for the first.
@@ -196,8 +250,171 @@ class KafkaSource:
         return records
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        self._shutdown()
         if self._detour is not None:
             self._detour.close()
         self._consumer.close()
+
+
+class ConfluentSource(_Prefetching):
+    """The confluent-kafka client (librdkafka): partitions assigned explicitly, never a group join and
+    never an offset committed (``group.id`` is only a required name). librdkafka prefetches and decodes
+    in its own threads; ``fetch`` turns its messages into records (:func:`~mmlake.ingest.recovery.record_of`).
+    The high watermark of a bounded run is the one librdkafka cached from fetch responses."""
+
+    name = "confluent-kafka"
+
+    def __init__(self, bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> None:
+        from confluent_kafka import Consumer, KafkaException
+
+        wait_for_kafka(bootstrap, timeout_s)
+        self.topic = topic
+        self.bootstrap = bootstrap
+        self._timeout_s = timeout_s
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": "mmlake-ingest", "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+            # Prefetch about 16 MB per partition (librdkafka's default queue is 64 MB): memory stays
+            # bounded, and a broker that goes away is noticed rather than read past.
+            "fetch.wait.max.ms": 100, "max.partition.fetch.bytes": 8 * 1024 * 1024,
+            "fetch.max.bytes": 16 * 1024 * 1024, "queued.max.messages.kbytes": 16 * 1024,
+            "receive.message.max.bytes": 128 * 1024 * 1024,  # one record larger than a fetch still comes
+            "socket.timeout.ms": int(max(timeout_s, 5) * 1000), "log_level": 2, "log.connection.close": False,
+        })
+        try:
+            metadata = self._consumer.list_topics(topic, timeout=timeout_s)
+        except KafkaException as err:
+            self._consumer.close()
+            raise BrokerUnavailableError(f"cannot read topic {topic!r} at {bootstrap}: {err}") from err
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            self._consumer.close()
+            raise TopicNotFoundError(f"topic {topic!r} does not exist at {bootstrap}")
+        self.available_partitions = sorted(found.partitions)
+        self._assigned: list[int] = []
+        self._next: dict[int, int] = {}  # the next offset handed out, per partition
+        self._bounds: dict[int, int] = {}
+        self._bounded = True
+        self._last_progress = time.monotonic()
+
+    def _assign_at(self, offsets: dict[int, int]) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._consumer.assign([TopicPartition(self.topic, p, offsets[p]) for p in sorted(offsets)])
+
+    def assign(self, start: dict[int, int], *, bounded: bool) -> None:
+        missing = sorted(set(start) - set(self.available_partitions))
+        if missing:
+            raise TopicNotFoundError(f"topic {self.topic!r} has no partition {missing[0]} "
+                                     f"(it has {len(self.available_partitions)})")
+        self._assigned = sorted(start)
+        self._next = dict(start)
+        self._bounded = bounded
+        self._bounds = {}
+        self._assign_at(self._next)
+        self._last_progress = time.monotonic()
+
+    def seek(self, start: dict[int, int]) -> None:
+        # Re-assigning at the new offsets drops what librdkafka prefetched from the old ones.
+        self._next.update(start)
+        self._assign_at({p: self._next[p] for p in self._assigned})
+        self._last_progress = time.monotonic()
+
+    def _learn_bounds(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        for p in self._assigned:
+            if p not in self._bounds:
+                _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+                if high >= 0:
+                    self._bounds[p] = high
+                    self._last_progress = time.monotonic()
+
+    def done(self) -> bool:
+        if not self._bounded or len(self._bounds) < len(self._assigned):
+            return False
+        return all(self._next[p] >= self._bounds[p] for p in self._assigned)
+
+    def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Any]:
+        from confluent_kafka import KafkaError
+
+        from mmlake.ingest.recovery import Recovered, record_of
+
+        _UNREADABLE = {KafkaError._BAD_MSG, KafkaError._BAD_COMPRESSION, KafkaError.INVALID_MSG}
+
+        out: list[Any] = []
+        size = 0
+        rewind: dict[int, int] = {}
+        deadline = time.monotonic() + wait_s
+        while len(out) < max_records and size < max_bytes and not rewind:
+            if self.done():
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and (out or not self._bounded):
+                break
+            messages = self._consumer.consume(num_messages=min(max_records - len(out), 100_000),
+                                              timeout=max(min(remaining, 0.5), 0.05))
+            self._learn_bounds()
+            for message in messages:
+                p, at_offset, error = message.partition(), message.offset(), message.error()
+                if p is None or p not in self._next:
+                    continue  # a broker-level event: the timeout decides
+                if error is not None:
+                    if error.code() in _UNREADABLE and (at_offset is None or at_offset >= self._next[p]):
+                        out.append(Recovered(self.topic, p, max(at_offset or 0, self._next[p]), None, None, None,
+                                             undecodable=f"the Kafka client cannot read this record: {error.str()}"))
+                        self._next[p] = out[-1].offset + 1
+                    continue  # otherwise the end of a partition, or a transient error
+                offset = int(at_offset or 0)
+                if p in rewind or offset < self._next[p]:
+                    continue  # behind a rewind, or stale from before a seek
+                bound = self._bounds.get(p) if self._bounded else None
+                if bound is not None and offset >= bound:
+                    continue
+                if len(out) >= max_records or (out and size >= max_bytes):
+                    rewind[p] = offset  # consumed past the room: read again from here next time
+                    continue
+                record = record_of(self.topic, message)
+                out.append(record)
+                self._next[p] = offset + 1
+                size += len(record.value or b"")
+                self._last_progress = time.monotonic()
+            if not messages and time.monotonic() - self._last_progress > self._timeout_s:
+                self._check_alive()
+        if rewind:
+            self._assign_at({p: self._next[p] for p in self._assigned})
+        out.sort(key=lambda r: (r.partition, r.offset))
+        return out
+
+    def _check_alive(self) -> None:
+        """No record for the timeout: an error in a bounded run (it expected more), and in follow mode
+        only when the broker does not answer at all."""
+        from confluent_kafka import KafkaException
+
+        if self._bounded:
+            raise BrokerUnavailableError(f"no answer from Kafka at {self.bootstrap} for {self._timeout_s:g}s "
+                                         f"while reading {self.topic!r}")
+        try:
+            self._consumer.list_topics(self.topic, timeout=self._timeout_s)
+        except KafkaException as err:
+            raise BrokerUnavailableError(f"no answer from Kafka at {self.bootstrap} for {self._timeout_s:g}s "
+                                         f"while reading {self.topic!r}: {err}") from err
+        self._last_progress = time.monotonic()
+
+    def close(self) -> None:
+        self._shutdown()
+        self._consumer.close()
+
+
+#: The Kafka clients a source can be built on, by name (``MMLAKE_KAFKA_CLIENT``).
+SOURCES: dict[str, type[KafkaPythonSource] | type[ConfluentSource]] = {
+    KafkaPythonSource.name: KafkaPythonSource, ConfluentSource.name: ConfluentSource}
+
+
+def open_source(client: str, bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> KafkaSource:
+    """A source on the client named ``client`` (one of :data:`SOURCES`)."""
+    try:
+        kind = SOURCES[client]
+    except KeyError:
+        raise IngestError(f"unknown Kafka client {client!r}: choose from {', '.join(sorted(SOURCES))}") from None
+    return kind(bootstrap, topic, timeout_s=timeout_s)

@@ -49,6 +49,14 @@ def new_topic(broker: EmbeddedBroker, request: pytest.FixtureRequest) -> Callabl
     return make
 
 
+@pytest.fixture(params=["kafka-python", "confluent-kafka"])
+def kafka_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each Kafka client a source can be built on: ``MMLAKE_KAFKA_CLIENT`` for the test (and the
+    settings and subprocesses it makes). Modules mark themselves with ``usefixtures("kafka_client")``."""
+    monkeypatch.setenv("MMLAKE_KAFKA_CLIENT", request.param)
+    return str(request.param)
+
+
 @pytest.fixture
 def settings(broker: EmbeddedBroker, tmp_path: object) -> IngestSettings:
     return IngestSettings(lake=str(tmp_path) + "/lake", kafka_bootstrap=broker.bootstrap)

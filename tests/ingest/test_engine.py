@@ -22,6 +22,9 @@ from mmlake.ingest.wire import Reason
 from tests.fixtures.data import kafka_positions, png, record_id, table_rows, wav
 from tests.fixtures.streams import T0_MS, produce_mixed
 
+#: Every test here runs once per Kafka client (kafka-python, confluent-kafka).
+pytestmark = pytest.mark.usefixtures("kafka_client")
+
 LATENESS_S = 120
 
 

@@ -22,12 +22,16 @@ RUN = (
     "print(run_ingest(sys.argv[1], sys.argv[2], IngestSettings()).line())"
 )
 
+#: Every test here runs once per Kafka client (kafka-python, confluent-kafka).
+pytestmark = pytest.mark.usefixtures("kafka_client")
+
 
 def _env(settings: IngestSettings, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMLAKE_")}
     env.update(
         MMLAKE_LAKE=settings.lake,
         MMLAKE_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        MMLAKE_KAFKA_CLIENT=settings.kafka_client,
         MMLAKE_ALLOWED_LATENESS_S="120",
         MMLAKE_BATCH_MAX_RECORDS="7",
     )

@@ -18,6 +18,9 @@ from mmlake.lake import format_us
 from tests.fixtures.data import png
 from tests.fixtures.rawkafka import RawRecord, produce_raw
 
+#: Every test here runs once per Kafka client (kafka-python, confluent-kafka).
+pytestmark = pytest.mark.usefixtures("kafka_client")
+
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 PARTITIONS = 3
 
