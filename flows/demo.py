@@ -30,6 +30,10 @@ _MALFORMED: list[tuple[str, bytes, list[tuple[str, bytes]]]] = [
 ]
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
 def _progress(label: str, done: int, total: int) -> None:
     width = 30
     filled = int(width * done / max(total, 1))
@@ -46,6 +50,11 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     from mmlake.ingest.tables import dead_letter_reasons, outcome_counts
     from mmlake.lake import StreamTables, table_uri
 
+    from mmlake.lineage import default_events_path
+
+    # The lineage log is the lake's, shared with its other streams and kept across runs: count this run's.
+    events_path = Path(default_events_path(lake))
+    events_before = _lines(events_path)
     for name in (stream, "demo-pairs"):  # demo-pairs: the drift stream of earlier demo versions
         stream_dir = Path(table_uri(lake, name, "raw")).parent
         if stream_dir.exists():
@@ -109,10 +118,7 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     drift = _drift(lake, stream, samples, shuffle_at)
     cache = _cache(lake, stream, alarm=drift["raised"])
 
-    from mmlake.lineage import default_events_path
-
-    events_path = Path(default_events_path(lake))
-    events = len(events_path.read_text().splitlines()) if events_path.exists() else 0
+    events = _lines(events_path) - events_before
     summary = [
         ("raw / late / dlq rows", f"{rows['raw']} / {rows['late']} / {rows['dlq']}   ({Path(table_uri(lake, stream, 'raw')).parent})"),
         ("duplicates / dead-lettered", f"{first['duplicates']} / {first['dead_lettered']} ({', '.join(reasons)})"),
@@ -123,7 +129,7 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
         ("drift alarms", drift["alarms"]),
         ("cache", cache["line"]),
         ("cache after the drift alarm", cache["after"]),
-        ("lineage", f"{events} OpenLineage events in {events_path}"),
+        ("lineage", f"{events} OpenLineage events in {events_path} (this run's)"),
         ("drift plot", drift["plot"] or "(artifact only: the lake is not a local path)"),
     ]
     print()
