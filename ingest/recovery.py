@@ -104,17 +104,17 @@ def record_of(topic: str, message: Any) -> Recovered:
     """A librdkafka message as a record (``undecodable`` set when its headers cannot be read). Each
     ``value()`` call copies the payload: it is called once."""
     kind, ts = message.timestamp()
-    headers, why = _headers(message)
-    if headers is None:
+    headers = _headers(message)
+    if headers is None:  # one text whichever way the binding failed, so both clients write the same row
         return Recovered(topic, message.partition(), message.offset(), ts if kind else None, message.key(),
-                         message.value(), (), (f"the Kafka client cannot decode this record: a header key is not "
-                                               f"UTF-8 ({why}); key, value and timestamp kept, headers lost"))
+                         message.value(), (), ("the Kafka client cannot decode this record: a header key is not "
+                                               "UTF-8; key, value and timestamp kept, headers lost"))
     return Recovered(topic, message.partition(), message.offset(), ts if kind else None, message.key(),
                      message.value(), headers)
 
 
-def _headers(message: Any) -> tuple[list[tuple[str, bytes | None]] | None, str]:
-    """The message's headers, or None and why when the binding cannot decode them. confluent-kafka
+def _headers(message: Any) -> list[tuple[str, bytes | None]] | None:
+    """The message's headers, or None when the binding cannot decode them. confluent-kafka
     builds a header key that is not UTF-8 as a tuple with a missing (NULL) item: it raises
     ``SystemError`` on the first call, but another header after it can clear that error, and a cached
     list comes back on a later call; touching the missing item crashes the process. So the tuples'
@@ -122,21 +122,21 @@ def _headers(message: Any) -> tuple[list[tuple[str, bytes | None]] | None, str]:
     try:
         raw = message.headers()
         if not raw:
-            return [], ""
+            return []
         # Every tuple's items, as the garbage collector sees them: a NULL item is skipped (one C call).
         # A decoding error the binding left pending surfaces here, inside the try.
         if any(type(item) is not tuple or len(item) != 2 for item in raw) or \
                 len(gc.get_referents(*raw)) != 2 * len(raw):
-            return None, "a header the binding could not build"
-    except Exception as err:  # noqa: BLE001 - SystemError or UnicodeDecodeError for a key that is not UTF-8
-        return None, type(err).__name__
+            return None
+    except Exception:  # noqa: BLE001 - SystemError or UnicodeDecodeError for a key that is not UTF-8
+        return None
     out = []
     for name, value in raw:
         if type(name) is not str:
-            return None, "a header key that is not text"
+            return None
         try:
             name.encode("utf-8")  # a key decoded with surrogates would not survive the table either
         except UnicodeEncodeError:
-            return None, "UnicodeEncodeError"
+            return None
         out.append((name, value))
-    return out, ""
+    return out
