@@ -9,16 +9,7 @@ import numpy as np
 
 from mmlake.cache.codec import tensors_from_buffer
 from mmlake.cache.core import Hit, Miss
-from mmlake.cache.errors import (
-    BadRequestError,
-    BusyError,
-    CacheError,
-    ForbiddenError,
-    PayloadTooLargeError,
-    QuotaExceededError,
-    RequestTimeoutError,
-    UnauthorizedError,
-)
+from mmlake.cache.errors import CacheError, error_for
 from mmlake.cache.tiers import Tensors
 
 __all__ = ["SafeCacheClient", "tensors_from_buffer"]
@@ -40,11 +31,7 @@ class SafeCacheClient:
             message = response.json().get("error", response.text)
         except ValueError:
             message = response.text
-        kind = {401: UnauthorizedError, 403: ForbiddenError, 408: RequestTimeoutError, 413: PayloadTooLargeError,
-                429: QuotaExceededError, 503: BusyError}.get(response.status_code, BadRequestError)
-        if response.status_code >= 500:
-            kind = CacheError
-        raise kind(f"{response.status_code}: {message}")
+        raise error_for(response.status_code)(f"{response.status_code}: {message}")
 
     def put(self, model_id: str, embedding: Any, tensors: Tensors, *, ttl_s: float | None = None,
             source: str | None = None, salt: str | None = None) -> dict[str, Any]:

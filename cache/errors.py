@@ -35,3 +35,22 @@ class BusyError(CacheError, RuntimeError):
 
 class RequestTimeoutError(CacheError, TimeoutError):
     """A request body that did not arrive in time (HTTP 408; the connection is closed)."""
+
+
+#: The HTTP status of each error (anything else a ``CacheError`` is 400): the server answers with it,
+#: the client raises the error again from it.
+HTTP_STATUS: dict[type[CacheError], int] = {
+    UnauthorizedError: 401, ForbiddenError: 403, RequestTimeoutError: 408, PayloadTooLargeError: 413,
+    QuotaExceededError: 429, BusyError: 503,
+}
+
+
+def status_of(err: CacheError) -> int:
+    """The HTTP status the server answers ``err`` with."""
+    return next((code for kind, code in HTTP_STATUS.items() if isinstance(err, kind)), 400)
+
+
+def error_for(status: int) -> type[CacheError]:
+    """The error a client raises for an HTTP error status (a 5xx not in the table: ``CacheError``)."""
+    by_status = {code: kind for kind, code in HTTP_STATUS.items()}
+    return by_status.get(status, CacheError if status >= 500 else BadRequestError)

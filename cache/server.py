@@ -33,9 +33,9 @@ from mmlake.cache.errors import (
     CacheError,
     ForbiddenError,
     PayloadTooLargeError,
-    QuotaExceededError,
     RequestTimeoutError,
     UnauthorizedError,
+    status_of,
 )
 
 LOOKUP_BODY_LIMIT = 4 << 20
@@ -334,13 +334,7 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> Any:
 
     @app.exception_handler(CacheError)
     async def _cache_error(request: Request, err: CacheError) -> JSONResponse:
-        status = 400
-        for kind, code in ((UnauthorizedError, 401), (ForbiddenError, 403), (RequestTimeoutError, 408),
-                           (PayloadTooLargeError, 413), (QuotaExceededError, 429), (BusyError, 503)):
-            if isinstance(err, kind):
-                status = code
-                break
-        return error(status, str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return error(status_of(err), str(err).splitlines()[0] if str(err) else type(err).__name__)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:

@@ -398,3 +398,12 @@ def test_the_server_starts_with_a_damaged_snapshot_and_restores_the_rest(tmp_pat
     # The manifest and the truncated file are named (with the manifest gone, the deleted file is unknown).
     warned = [line for line in err.splitlines() if line.startswith("mmlake: warning:")]
     assert len(warned) == 2 and "manifest" in warned[0] and ids[0] in warned[1] and "Traceback" not in err
+
+
+def test_every_error_status_round_trips_between_server_and_client() -> None:
+    from mmlake.cache.errors import HTTP_STATUS, BadRequestError, CacheError, error_for, status_of
+
+    for kind, code in HTTP_STATUS.items():
+        assert status_of(kind("x")) == code and error_for(code) is kind
+    assert status_of(BadRequestError("x")) == 400 and error_for(400) is BadRequestError
+    assert error_for(404) is BadRequestError and error_for(500) is CacheError
