@@ -185,10 +185,14 @@ def latest_state(dt: Any) -> dict[str, Any] | None:
     return None
 
 
-def _load_reference(dt: Any) -> tuple[Reference, list[dict[str, Any]]]:
-    rows = dt.to_pyarrow_table().to_pylist()
+def _codebook_rows(dt: Any) -> list[dict[str, Any]]:
+    """The codebook table's rows (one per modality; none without the table), read once per run."""
+    return dt.to_pyarrow_table().to_pylist() if dt is not None else []
+
+
+def _load_reference(rows: list[dict[str, Any]]) -> Reference:
     books = {r["modality"]: Codebook.from_row(r) for r in rows}
-    return Reference.from_state(json.loads(rows[0]["reference"]), books), rows
+    return Reference.from_state(json.loads(rows[0]["reference"]), books)
 
 
 def _write_reference(tables: StreamTables, ref: Reference, ops: dict[str, OperatorSpec], config_sha: str,
@@ -258,12 +262,9 @@ def _reference_span(samples: Samples, cfg: DriftConfig, chosen: tuple[int, int] 
     return first, end
 
 
-def _pinned_range(book_dt: Any) -> tuple[int, int] | None:
+def _pinned_range(rows: list[dict[str, Any]]) -> tuple[int, int] | None:
     """The reference range recorded with the codebooks (None: the stream's first samples)."""
-    if book_dt is None:
-        return None
-    row = scan(book_dt, ["reference"]).slice(0, 1).to_pylist()
-    chosen = json.loads(row[0]["reference"]).get("range") if row else None
+    chosen = json.loads(rows[0]["reference"]).get("range") if rows else None
     return (int(chosen[0]), int(chosen[1])) if chosen else None
 
 
@@ -323,8 +324,8 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     op_pins = {m: s.sha256 for m, s in ops.items()}
     counter = txn_version(drift_dt, app_id(stream))
     state = None if rebuild else pinned
-    book_dt = tables.open("drift_codebook")
-    pinned_range = _pinned_range(book_dt)
+    book_rows = _codebook_rows(tables.open("drift_codebook"))
+    pinned_range = _pinned_range(book_rows)
     chosen = reference_range if reference_range is not None else (None if reference_first else pinned_range)
     if state is not None and chosen != pinned_range:
         raise DriftStateError(f"the reference of {stream!r} is pinned to {_describe(pinned_range, cfg)}: "
@@ -338,10 +339,10 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
             return summary
         first, end = span
         ref = None
-        if book_dt is not None and not rebuild:
-            ref, rows = _load_reference(book_dt)
-            if rows[0]["config_sha256"] != cfg.sha256 or pinned_range != chosen or \
-                    {r["modality"]: r["op_sha256"] for r in rows} != {m: op_pins.get(m) for m in ref.codebooks}:
+        if book_rows and not rebuild:
+            ref = _load_reference(book_rows)
+            if book_rows[0]["config_sha256"] != cfg.sha256 or pinned_range != chosen or \
+                    {r["modality"]: r["op_sha256"] for r in book_rows} != {m: op_pins.get(m) for m in ref.codebooks}:
                 ref = None  # an earlier reference for other settings, samples or operators: refit
         if ref is None:
             ref = Reference.fit(samples.slice(first, end), cfg)
@@ -356,10 +357,10 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         new = samples.slice(end, len(samples))
         offset = consumed_before = end
     else:
-        if book_dt is None:
+        if not book_rows:
             raise DriftStateError(f"{tables.uri('drift')} has a state but {tables.uri('drift_codebook')} is gone: "
                                   "`mmlake drift --rebuild`")
-        ref, rows = _load_reference(book_dt)
+        ref = _load_reference(book_rows)
         if ref.sha256 != state["codebook_sha256"]:
             raise DriftStateError(f"the drift state was scored with codebook {state['codebook_sha256'][:12]}, the "
                                   f"pinned codebook is {ref.sha256[:12]}: `mmlake drift --rebuild`")
