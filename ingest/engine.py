@@ -40,9 +40,9 @@ from mmlake.errors import CommitConflictError, CommitRaceLost, MmlakeError
 from mmlake.ingest import tables as ingest_tables
 from mmlake.ingest import wire
 from mmlake.ingest._faults import crash_point
-from mmlake.ingest.errors import IngestError, TopicNotFoundError
+from mmlake.ingest.errors import IngestError
 from mmlake.ingest.settings import IngestSettings
-from mmlake.ingest.source import KafkaSource, open_source
+from mmlake.ingest.source import KafkaSource, check_partitions, open_source
 from mmlake.ingest.tables import HEADERS_TYPE, TABLES
 from mmlake.lake import UTC_US, format_us
 
@@ -345,10 +345,7 @@ class IngestRun:
         try:
             assigned = self.partitions if self.partitions is not None else source.available_partitions
             source_partitions = source.available_partitions
-            missing = sorted(set(assigned) - set(source_partitions))
-            if missing:  # before any table is created
-                raise TopicNotFoundError(f"topic {self.topic!r} has no partition {missing[0]} "
-                                         f"(it has {len(source_partitions)})")
+            check_partitions(self.topic, source_partitions, assigned)  # before any table is created
             resume = self._load_state(source_partitions, [p for p in assigned if p in source_partitions])
             source.assign({p: resume.get(p, 0) for p in assigned}, bounded=not self.follow)
             self._loop(source, list(assigned), source_partitions)

@@ -27,9 +27,18 @@ from mmlake.ingest.broker import wait_for_kafka
 from mmlake.ingest.errors import BrokerUnavailableError, IngestError, TopicNotFoundError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from concurrent.futures import Future
 
     from kafka import KafkaConsumer
+
+
+def check_partitions(topic: str, available: Iterable[int], wanted: Iterable[int]) -> None:
+    """A one-line :class:`TopicNotFoundError` unless every partition in ``wanted`` is ``available``."""
+    have = set(available)
+    missing = sorted(set(wanted) - have)
+    if missing:
+        raise TopicNotFoundError(f"topic {topic!r} has no partition {missing[0]} (it has {len(have)})")
 
 
 class KafkaSource(Protocol):
@@ -119,12 +128,7 @@ class KafkaPythonSource(_Prefetching):
 
     def assign(self, start: dict[int, int], *, bounded: bool) -> None:
         """Read each partition in ``start`` from its offset; bounded runs stop at the high watermark."""
-        missing = sorted(set(start) - set(self.available_partitions))
-        if missing:
-            raise TopicNotFoundError(
-                f"topic {self.topic!r} has no partition {missing[0]} "
-                f"(it has {len(self.available_partitions)})"
-            )
+        check_partitions(self.topic, self.available_partitions, start)
         tps = [self._tp(self.topic, p) for p in sorted(start)]
         self._consumer.assign(tps)
         for tp in tps:
@@ -303,10 +307,7 @@ class ConfluentSource(_Prefetching):
         self._consumer.assign([TopicPartition(self.topic, p, offsets[p]) for p in sorted(offsets)])
 
     def assign(self, start: dict[int, int], *, bounded: bool) -> None:
-        missing = sorted(set(start) - set(self.available_partitions))
-        if missing:
-            raise TopicNotFoundError(f"topic {self.topic!r} has no partition {missing[0]} "
-                                     f"(it has {len(self.available_partitions)})")
+        check_partitions(self.topic, self.available_partitions, start)
         self._assigned = sorted(start)
         self._next = dict(start)
         self._bounded = bounded
