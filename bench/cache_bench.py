@@ -243,17 +243,10 @@ def transfer(megabytes: int = 16, repeats: int = 31) -> dict[str, Any]:
                               env={**os.environ, "MMLAKE_CACHE_CPU_BYTES": str(4 * size), "MMLAKE_CACHE_GPU_BYTES": "0"})
     try:
         raw_port = int(raw.stdout.readline())  # type: ignore[union-attr]
-        import httpx
 
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-            if time.monotonic() > deadline:
-                raise RuntimeError("cache server did not start")
+        from mmlake.cache.client import wait_for_server
+
+        wait_for_server(f"http://127.0.0.1:{port}", process=server)
         embedding = np.random.default_rng(0).standard_normal(64).astype(np.float32)
         kv = {"k": torch.ones(size // 8, dtype=torch.float32), "v": torch.ones(size // 8, dtype=torch.float32)}
         http_t, raw_t = [], []

@@ -12,7 +12,30 @@ from mmlake.cache.core import Hit, Miss
 from mmlake.cache.errors import CacheError, error_for
 from mmlake.cache.tiers import Tensors
 
-__all__ = ["SafeCacheClient", "tensors_from_buffer"]
+__all__ = ["SafeCacheClient", "tensors_from_buffer", "wait_for_server"]
+
+
+def wait_for_server(base_url: str, *, timeout_s: float = 60.0, process: Any = None) -> None:
+    """Return once the server at ``base_url`` answers ``/healthz`` with 200; a :class:`CacheError`
+    after ``timeout_s``, or as soon as ``process`` (the server's ``Popen``, when one was started) has
+    exited, with what it wrote to a piped stderr."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{base_url}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if process is not None and process.poll() is not None:
+            err = process.stderr.read() if getattr(process, "stderr", None) else ""
+            raise CacheError(f"the cache server exited with code {process.returncode} before answering: {err}")
+        if time.monotonic() > deadline:
+            raise CacheError(f"no answer from the cache server at {base_url} within {timeout_s:g}s")
+        time.sleep(0.1)
 
 
 class SafeCacheClient:

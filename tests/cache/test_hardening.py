@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from mmlake.cache import CacheSettings, Hit, Miss, QuotaExceededError, SafeCache, SafeCacheClient
+from mmlake.cache.client import wait_for_server
 from mmlake.cache.errors import CacheError
 from mmlake.cache.server import Tokens, load_tokens
 from mmlake.cache.snapshot import load_snapshot, save_snapshot
@@ -380,14 +381,7 @@ def test_the_server_starts_with_a_damaged_snapshot_and_restores_the_rest(tmp_pat
     proc = subprocess.Popen([exe, "cache", "serve", "--port", str(port), "--tokens", str(tokens),
                              "--snapshot-dir", str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
-                time.sleep(0.2)
+        wait_for_server(f"http://127.0.0.1:{port}", process=proc)
         with SafeCacheClient(f"http://127.0.0.1:{port}", "tok-alice") as alice:
             hits = [isinstance(alice.lookup("m", e), Hit) for e in embeddings]
     finally:

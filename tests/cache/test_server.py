@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import numpy as np
@@ -17,6 +16,7 @@ import torch
 from safetensors.torch import load, save
 
 from mmlake.cache import CacheSettings, Hit, Miss, SafeCache, SafeCacheClient
+from mmlake.cache.client import wait_for_server
 from mmlake.ingest.broker import free_port
 from tests.cache.helpers import TOKENS, Server, at_cosine, body, kv, unit
 
@@ -176,15 +176,8 @@ def test_cli_server_restores_its_entries_after_a_restart(tmp_path) -> None:
 
     def start() -> subprocess.Popen[str]:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    return proc
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.1)
+        wait_for_server(f"http://127.0.0.1:{port}", process=proc)
+        return proc
 
     e = unit(np.random.default_rng(8), DIM)
     proc = start()
