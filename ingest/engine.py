@@ -137,6 +137,7 @@ class IngestRun:
         self._committed: dict[str, dict[int, int]] = {}
         self._max_event: dict[int, int | None] = {}
         self._seen: dict[str, tuple[int, str]] = {}  # record id -> (event time, payload SHA-256)
+        self._replayed: set[tuple[int, int]] = set()  # (partition, offset) of raw rows this run reads again
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -160,15 +161,20 @@ class IngestRun:
             self._max_event[p] = table_max[behind][p]
             if p in assigned:
                 resume[p] = self._committed[behind][p] + 1
-        self._load_seen()
+        self._load_seen(resume)
         return resume
 
     def _horizon_us(self) -> int | None:
         known = [m for m in self._max_event.values() if m is not None]
         return min(known) - self.lateness_us if known else None
 
-    def _load_seen(self) -> None:
-        """Record ids already in ``raw`` within the lateness horizon, for de-duplication across runs."""
+    def _load_seen(self, resume: dict[int, int]) -> None:
+        """Record ids already in ``raw``, for de-duplication across runs: those within the lateness
+        horizon, and every row the run reads again (a partition resumes where its furthest-behind table
+        stopped, which can lie before raw's own offset). The rows read again are the truth about how
+        their records were routed the first time (see :meth:`_route`); they are known ids whatever their
+        event time, since the horizon of this run, taken from the tables that trail, need not be the
+        horizon the first attempt had."""
         import pyarrow.dataset as ds
 
         dt = self._dts["raw"]
@@ -178,11 +184,33 @@ class IngestRun:
             cut = pa.scalar(cutoff, UTC_US)
             day = pa.scalar(lake.day_of(cutoff), pa.date32())
             expr = (ds.field("event_date") >= day) & (ds.field("event_time") >= cut)
-        table = lake.scan(dt, ["record_id", "event_time", "payload_sha256"], expr)
+            for p, start in resume.items():
+                if start <= self._committed["raw"][p]:
+                    expr = expr | ((ds.field("kafka_partition") == p) & (ds.field("kafka_offset") >= start)
+                                   & (ds.field("kafka_offset") <= self._committed["raw"][p]))
+        table = lake.scan(dt, ["record_id", "event_time", "payload_sha256", "kafka_partition", "kafka_offset"], expr)
+        table = table.sort_by("event_time")  # for an id raw holds twice (beyond the horizon), the newest copy
         ids = table.column("record_id").to_pylist()
         times = table.column("event_time").cast(pa.int64()).to_pylist()
         shas = table.column("payload_sha256").to_pylist()
         self._seen = dict(zip(ids, zip(times, shas, strict=True), strict=True))
+        self._replayed = {
+            (p, o) for p, o in zip(table.column("kafka_partition").to_pylist(), table.column("kafka_offset").to_pylist(),
+                                   strict=True)
+            if p in resume and resume[p] <= o <= self._committed["raw"][p]}
+
+    def _lookup_raw(self, ids: set[str]) -> dict[str, tuple[int, str]]:
+        """The newest copy ``raw`` holds of each id in ``ids``, by a scan of raw's id column. Only a
+        replayed record that the first attempt found to be a duplicate or a conflict, of a copy that is
+        now outside the horizon, needs it (see :meth:`_route`)."""
+        import pyarrow.compute as pc
+
+        table = lake.scan(self._dts["raw"], ["record_id", "event_time", "payload_sha256"])
+        table = table.filter(pc.is_in(table.column("record_id"), value_set=pa.array(sorted(ids), pa.string())))
+        table = table.sort_by("event_time")
+        times = table.column("event_time").cast(pa.int64()).to_pylist()
+        return dict(zip(table.column("record_id").to_pylist(),
+                        zip(times, table.column("payload_sha256").to_pylist(), strict=True), strict=True))
 
     def _prune_seen(self) -> None:
         cutoff = self._horizon_us()
@@ -225,26 +253,38 @@ class IngestRun:
             accepted.append((rec, result))
         # De-duplicate in event-time order, so the earliest copy is the one kept. A record id seen
         # before (in raw, or earlier in this batch) with the same payload is a duplicate; with other
-        # bytes it is a conflict, dead-lettered. Records raw already holds are judged again, so that
-        # a replay after a crash routes their conflicts to dlq as the first attempt did.
+        # bytes it is a conflict, dead-lettered. A record the run reads again (its offset is within
+        # raw's) is routed as the first attempt did, whatever this run's horizon: raw holds it (it was
+        # accepted), or the first attempt judged it against a copy raw holds (looked up when the
+        # horizon no longer covers it), so its conflict reaches dlq exactly once.
         accepted.sort(key=lambda c: (c[1].event_time_us, c[0].partition, c[0].offset))
+        raw_at = self._committed["raw"]
+        lost = {acc.record_id for rec, acc in accepted if rec.offset <= raw_at[rec.partition]
+                and (rec.partition, rec.offset) not in self._replayed and acc.record_id not in self._seen}
+        found = self._lookup_raw(lost) if lost else {}
         new_ids: dict[str, tuple[int, str]] = {}
         duplicates = 0
         for rec, acc in accepted:
             p = rec.partition
-            known = self._seen.get(acc.record_id) or new_ids.get(acc.record_id)
+            if rec.offset <= raw_at[p]:
+                if (p, rec.offset) in self._replayed:  # raw holds this very record: known again from here
+                    new_ids[acc.record_id] = (acc.event_time_us, acc.payload_sha256)
+                    continue
+                # No known copy at all (raw rows deleted since): judged a duplicate, nothing written.
+                known = self._seen.get(acc.record_id) or found.get(acc.record_id) or (0, acc.payload_sha256)
+            else:
+                known = self._seen.get(acc.record_id) or new_ids.get(acc.record_id)
             if known is not None:
                 if known[1] == acc.payload_sha256:
-                    duplicates += int(rec.offset > self._committed["raw"][p])
+                    duplicates += int(rec.offset > raw_at[p])
                 elif rec.offset > self._committed["dlq"][p]:
                     rows["dlq"].add_rejected(self.topic, rec, wire.Rejected(
                         wire.Reason.RECORD_ID_CONFLICT,
                         f"record id {acc.record_id[:80]!r} was already ingested with other bytes (payload "
                         f"SHA-256 {known[1][:16]}..., this one {acc.payload_sha256[:16]}...)"), now_us)
                 continue
-            if rec.offset > self._committed["raw"][p]:
-                new_ids[acc.record_id] = (acc.event_time_us, acc.payload_sha256)
-                rows["raw"].add_accepted(self.topic, rec, acc, now_us)
+            new_ids[acc.record_id] = (acc.event_time_us, acc.payload_sha256)
+            rows["raw"].add_accepted(self.topic, rec, acc, now_us)
         return _Batch(rows, last, first, duplicates, new_ids)
 
     def _decode(self, rec: Any) -> wire.Accepted | wire.Rejected:
@@ -268,6 +308,8 @@ class IngestRun:
                 continue
             data = batch.rows[name].table()
             if not self._append(name, data, batch.last_offset):
+                if name == "raw":  # raw held the whole batch already: its records are known ids again
+                    self._seen.update(batch.new_ids)
                 continue
             if name == "dlq":
                 self.summary.dead_lettered += data.num_rows

@@ -10,12 +10,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
-from mmlake.ingest import IngestSettings, run_ingest
+from mmlake.ingest import IngestSettings, engine, run_ingest
+from mmlake.ingest.source import KafkaSource
 from tests.fixtures.data import kafka_positions, table_rows
-from tests.fixtures.streams import Expected, produce_mixed
+from tests.fixtures.streams import T0_MS, Expected, produce_mixed
 
 RUN = (
     "import sys; from mmlake.ingest import IngestSettings, run_ingest; "
@@ -104,6 +107,111 @@ def test_kill_at_random_moments_then_rerun(producer, new_topic, settings) -> Non
     run_ingest(topic, "s", settings.with_overrides(allowed_lateness_s=120, batch_max_records=7))
     assert kills >= 2
     _assert_exactly_once(settings, exp)
+
+
+def _killed_after_raw(settings: IngestSettings, topic: str, batch: int) -> None:
+    """One run whose first batch is committed to raw; it dies before late and dlq."""
+    proc = _ingest_process(settings, topic, MMLAKE_BATCH_MAX_RECORDS=str(batch),
+                           MMLAKE_FAULT_KILL_AT="after_commit:raw:1")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+
+
+@pytest.mark.slow
+def test_replay_keeps_the_ids_raw_holds_beyond_the_horizon(producer, new_topic, settings) -> None:
+    """A partition resumes where its furthest-behind table stopped. The records raw already holds that it
+    reads again stay known ids, even when another partition's progress puts them behind this run's
+    horizon: a resend after them is still a duplicate."""
+    topic = new_topic(partitions=2)
+    lateness = settings.with_overrides(allowed_lateness_s=120)
+    for i in range(30):  # partition 0 is half an hour ahead
+        producer.send(topic, f"p0 {i}".encode(), "text", event_time=T0_MS + i * 60_000, partition=0)
+    producer.flush()
+    run_ingest(topic, "s", lateness, partitions=[0])
+    for payload, minute in ((b"first", 6), (b"second", 7), (b"first", 6)):  # the third is a resend
+        producer.send(topic, payload, "text", event_time=T0_MS + minute * 60_000, partition=1)
+    producer.flush()
+    _killed_after_raw(settings, topic, batch=2)
+    rerun = run_ingest(topic, "s", lateness.with_overrides(batch_max_records=2))
+    assert (rerun.accepted, rerun.duplicates) == (0, 1)
+    raw = table_rows(settings.lake, "s", "raw", ["kafka_partition", "kafka_offset"])
+    assert sorted(r["kafka_offset"] for r in raw if r["kafka_partition"] == 1) == [0, 1]
+    assert table_rows(settings.lake, "s", "dlq") == []
+
+
+class _OnePartitionAtATime:
+    """A real source that reads the assigned partitions one after another, lowest first: one batch
+    order among those a client may deliver, made repeatable."""
+
+    def __init__(self, inner: KafkaSource) -> None:
+        self.inner = inner
+        self.topic, self.bootstrap = inner.topic, inner.bootstrap
+        self.available_partitions = inner.available_partitions
+        self.queue: list[tuple[int, int]] = []
+
+    def assign(self, start: dict[int, int], *, bounded: bool) -> None:
+        assert bounded
+        self.queue = sorted(start.items())
+        self.inner.assign(dict([self.queue.pop(0)]), bounded=True)
+
+    def seek(self, start: dict[int, int]) -> None:
+        raise AssertionError("a single writer never loses a commit race")
+
+    def done(self) -> bool:
+        while self.inner.done() and self.queue:
+            self.inner.assign(dict([self.queue.pop(0)]), bounded=True)
+        return self.inner.done()
+
+    def submit_fetch(self, max_records: int, max_bytes: int, wait_s: float) -> Future[list[Any]]:
+        return self.inner.submit_fetch(max_records, max_bytes, wait_s)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.slow
+def test_replayed_rows_stay_known_after_the_horizon_passed_them(producer, new_topic, settings, monkeypatch) -> None:
+    """As above, with the partition read again only after batches of another partition have moved the
+    horizon past its rows (its own watermark is unknown until it is read): they become known ids again
+    as they are read, as on the first attempt, and the re-send after them is a duplicate."""
+    topic = new_topic(partitions=2)
+    lateness = settings.with_overrides(allowed_lateness_s=120, batch_max_records=2)
+    for payload, minute in ((b"first", 6), (b"second", 7), (b"first", 6)):  # the third is a re-send
+        producer.send(topic, payload, "text", event_time=T0_MS + minute * 60_000, partition=1)
+    producer.flush()
+    _killed_after_raw(settings, topic, batch=2)
+    for i in range(6):  # partition 0, half an hour ahead, is read first
+        producer.send(topic, f"p0 {i}".encode(), "text", event_time=T0_MS + (30 + i) * 60_000, partition=0)
+    producer.flush()
+    opened = engine.open_source
+    monkeypatch.setattr(engine, "open_source", lambda *a, **kw: _OnePartitionAtATime(opened(*a, **kw)))
+    rerun = run_ingest(topic, "s", lateness)
+    assert (rerun.accepted, rerun.duplicates, rerun.batches) == (6, 1, 5)
+    raw = table_rows(settings.lake, "s", "raw", ["kafka_partition", "kafka_offset"])
+    assert sorted(r["kafka_offset"] for r in raw if r["kafka_partition"] == 1) == [0, 1]
+
+
+@pytest.mark.slow
+def test_replayed_conflict_with_a_copy_beyond_the_horizon_is_dead_lettered(producer, new_topic, settings) -> None:
+    """A record judged a conflict (its id already in raw with other bytes) whose run died before dlq is
+    judged again by the next run, whose horizon no longer covers the copy (another writer moved that
+    partition on): it still reaches dlq, once."""
+    topic = new_topic(partitions=2)
+    lateness = settings.with_overrides(allowed_lateness_s=120)
+    producer.send(topic, b"kept", "text", event_time=T0_MS + 60_000, record_id="order-7", partition=0)
+    producer.send(topic, b"later", "text", event_time=T0_MS + 3 * 60_000, partition=0)
+    producer.flush()
+    run_ingest(topic, "s", lateness, partitions=[0])
+    producer.send(topic, b"other bytes", "text", event_time=T0_MS + 60 * 60_000, record_id="order-7", partition=1)
+    producer.flush()
+    _killed_after_raw(settings, topic, batch=1)
+    producer.send(topic, b"much later", "text", event_time=T0_MS + 30 * 60_000, partition=0)
+    producer.flush()
+    run_ingest(topic, "s", lateness, partitions=[0])  # the horizon moves past the kept copy
+    run_ingest(topic, "s", lateness)
+    dlq = table_rows(settings.lake, "s", "dlq", ["kafka_partition", "kafka_offset", "error_code"])
+    assert dlq == [{"kafka_partition": 1, "kafka_offset": 0, "error_code": "record_id_conflict"}]
+    assert sorted(r["payload"] for r in table_rows(settings.lake, "s", "raw")) == [b"kept", b"later", b"much later"]
 
 
 @pytest.mark.slow
