@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from mmlake.cache.lsh import HyperplaneLSH
 from mmlake.cache.settings import CacheSettings
-from mmlake.lake import UTC_US, StreamTables, commit, txn_version
+from mmlake.lake import UTC_US, StreamTables, commit, scan, txn_version
 
 KEYS_SCHEMA = pa.schema([
     ("record_id", pa.string()),
@@ -48,11 +48,11 @@ def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = Non
     features = tables.open("features")
     if features is None:
         return 0, []
-    table = features.to_pyarrow_table(columns=["record_id", "sample_id", "modality", "event_time", "embedding"])
+    table = scan(features, ["record_id", "sample_id", "modality", "event_time", "embedding"])
     if table.num_rows == 0:
         return 0, []
     existing = _keys_table(tables)
-    done = existing.to_pyarrow_table(columns=["record_id", "lsh_version"]).to_pylist()
+    done = scan(existing, ["record_id", "lsh_version"]).to_pylist()
     done_set = {(r["record_id"], r["lsh_version"]) for r in done}
 
     # Delta has no fixed-size list type: the column reads back as list<float>. Rows whose length
@@ -91,7 +91,7 @@ def new_drift_alarm(lake: str, stream: str, *, storage_options: dict[str, str] |
     drift = tables.open("drift")
     if drift is None:
         return False
-    rows = drift.to_pyarrow_table(columns=["window_end", "alarm"])
+    rows = scan(drift, ["window_end", "alarm"])
     alarms = rows.filter(rows.column("alarm"))
     if alarms.num_rows == 0:
         return False

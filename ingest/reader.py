@@ -10,6 +10,8 @@ import pyarrow as pa
 
 from mmlake.errors import InputError
 from mmlake.lake import UTC_US, StreamTables, day_of, to_epoch_us
+from mmlake.lake import count_rows as lake_count_rows
+from mmlake.lake import dataset as lake_dataset
 _ORDER = ["event_time", "kafka_partition", "kafka_offset"]
 
 
@@ -60,7 +62,7 @@ def read_stream(
 
     wanted = list(columns) if columns is not None else dt.schema().to_arrow().names  # type: ignore[union-attr]
     read_cols = wanted + [c for c in _ORDER if c not in wanted]
-    dataset = dt.to_pyarrow_dataset()
+    dataset, threads = lake_dataset(dt)
     step = int(window.total_seconds() * 1_000_000)
     first = max(min(a for a, _ in ranges), lo if lo is not None else -(2**62))
     last = min(max(b for _, b in ranges), hi - 1 if hi is not None else 2**62)
@@ -76,7 +78,7 @@ def read_stream(
                 expr &= (ds.field("event_date") >= pa.scalar(day_of(cursor), pa.date32())) & (
                     ds.field("event_date") <= pa.scalar(day_of(upper - 1), pa.date32())
                 )
-            part = dataset.to_table(columns=read_cols, filter=expr)
+            part = dataset.to_table(columns=read_cols, filter=expr, use_threads=threads)
             if part.num_rows:
                 part = part.sort_by([(c, "ascending") for c in _ORDER]).select(wanted)
                 yield from part.to_batches()
@@ -106,7 +108,7 @@ def count_rows(lake: str, stream: str, start: datetime | str | int | None = None
     if hi is not None:
         upper = ds.field("event_time") < pa.scalar(hi, UTC_US)
         expr = upper if expr is None else expr & upper
-    return int(dt.to_pyarrow_dataset().count_rows(filter=expr))
+    return lake_count_rows(dt, expr)
 
 
 def read_table(lake: str, stream: str, **kwargs: Any) -> pa.Table:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from mmlake.lake import UTC_US
+from mmlake.lake import UTC_US, count_rows, scan
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -73,7 +73,7 @@ def outcome_counts(tables: StreamTables) -> dict[str, int]:
     counts = {}
     for name in ("raw", "late", "dlq"):
         dt = tables.open(name)
-        counts[name] = 0 if dt is None else dt.to_pyarrow_dataset().count_rows()
+        counts[name] = 0 if dt is None else count_rows(dt)
     return counts
 
 
@@ -82,5 +82,5 @@ def dead_letter_reasons(tables: StreamTables) -> list[str]:
     dt = tables.open("dlq")
     if dt is None:
         return []
-    codes = dt.to_pyarrow_dataset().to_table(columns=["error_code"]).column("error_code").to_pylist()
+    codes = scan(dt, ["error_code"]).column("error_code").to_pylist()
     return sorted(set(codes))

@@ -183,7 +183,7 @@ def explain_record(lake: str, stream: str, record_id: str,
         out["drift_windows"] = None
     else:
         t = row["event_time"]
-        windows = drift.to_pyarrow_table().to_pylist()
+        windows = scan(drift).to_pylist()
         out["drift_windows"] = [w for w in windows if w.get("window_start") is not None
                                 and w["window_start"] <= t <= w["window_end"]]
     return out

@@ -72,9 +72,11 @@ def read_events(table_uri: str, storage_options: dict[str, str] | None = None) -
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    from mmlake.lake import scan
+
     try:
         dt = DeltaTable(table_uri, storage_options=storage_options or None)
     except TableNotFoundError:
         return None
-    rows = dt.to_pyarrow_table(columns=["event"]).column("event").to_pylist()
+    rows = scan(dt, ["event"]).column("event").to_pylist()
     return [json.loads(r) for r in rows if r]

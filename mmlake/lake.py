@@ -251,18 +251,47 @@ class StreamTables:
 # -- reads --------------------------------------------------------------------------------------
 
 
+def dataset(dt: DeltaTable) -> tuple[Any, bool]:
+    """The table as a pyarrow dataset, and whether Arrow's own threads may scan it.
+
+    deltalake reads files through a Python filesystem handler, which Arrow's IO threads call back into;
+    such a scan just before the process exits can abort it ("terminate called without an active
+    exception", apache/arrow#39862): half of the short processes reading a table did here, a finished
+    ingest run among them. A local table is read through Arrow's native local filesystem instead
+    (threads allowed); a table on an object store keeps deltalake's handler and is scanned on the
+    calling thread (``use_threads=False``), which makes the abort rare, not impossible.
+    """
+    uri = dt.table_uri
+    if uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        import pyarrow.fs as pafs
+
+        local = pafs.SubTreeFileSystem(unquote(urlparse(uri).path), pafs.LocalFileSystem())
+        return dt.to_pyarrow_dataset(filesystem=local), True
+    return dt.to_pyarrow_dataset(), False
+
+
 def scan(dt: DeltaTable, columns: list[str] | None = None, filter: Any = None) -> pa.Table:
-    """Columns of a Delta table, strings as plain ``string``.
+    """Columns of a Delta table, strings as plain ``string``. Every read of a table goes through here,
+    :func:`count_rows` or :func:`dataset`.
 
     Files rewritten by delta-rs (compaction, delete, predicate overwrite) may hold ``string_view``
     columns, which Arrow will not compare with ``string``: apply string predicates to the result, never
     inside the scan (``filter`` is for times, dates and numbers).
     """
-    table = dt.to_pyarrow_dataset().to_table(columns=columns, filter=filter)
+    data, threads = dataset(dt)
+    table = data.to_table(columns=columns, filter=filter, use_threads=threads)
     for i, f in enumerate(table.schema):
         if pa.types.is_string_view(f.type) or pa.types.is_large_string(f.type):
             table = table.set_column(i, f.name, table.column(i).cast(pa.string()))
     return table
+
+
+def count_rows(dt: DeltaTable, filter: Any = None) -> int:
+    """How many rows of a Delta table match ``filter`` (all without one); see :func:`dataset`."""
+    data, threads = dataset(dt)
+    return int(data.count_rows(filter=filter, use_threads=threads))
 
 
 # -- the exactly-once commit --------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mmlake.errors import CommitConflictError, CommitRaceLost
-from mmlake.lake import UTC_US, StreamTables, days, iso_us, scan, time_range
+from mmlake.lake import UTC_US, StreamTables, count_rows, days, iso_us, scan, time_range
 from mmlake.preprocessing.features import (
     PAYLOAD_COLUMNS,
     FeatureWriter,
@@ -134,4 +134,4 @@ def raw_rows_in(tables: StreamTables, lo: int, hi: int) -> int:
     raw = tables.open("raw")
     if raw is None:
         return 0
-    return int(raw.to_pyarrow_dataset().count_rows(filter=event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US))))
+    return count_rows(raw, event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US)))

@@ -125,3 +125,29 @@ def test_scan_gives_plain_strings_after_a_rewrite(tmp_path) -> None:
     assert table.schema.field("k").type == pa.string()
     assert sorted(table.column("k").to_pylist()) == ["k0", "k1", "k2"]
     assert txn_version(dt, APP) == 2  # optimize rewrites files, never the txn actions
+
+
+_READ_AND_EXIT = """
+import sys
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+from mmlake.lake import count_rows, scan
+dt = DeltaTable(sys.argv[1])
+assert count_rows(dt, ds.field("v") < 3) == 30 * 3
+assert scan(dt, ["k"]).num_rows == 30 * 20  # the last thing the process does
+"""
+
+
+@pytest.mark.slow
+def test_a_process_that_reads_a_table_exits_cleanly(tmp_path) -> None:
+    """A threaded Arrow scan just before exit aborted about half of such processes (exit -6,
+    "terminate called without an active exception"); reads go through the calling thread."""
+    import subprocess
+    import sys
+
+    uri = str(tmp_path / "t")
+    for _ in range(30):  # many small files, as a micro-batched table has
+        commit(uri if not (tmp_path / "t").exists() else DeltaTable(uri), _rows(*range(20)), txns={})
+    for attempt in range(8):
+        done = subprocess.run([sys.executable, "-c", _READ_AND_EXIT, uri], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"attempt {attempt}: exit {done.returncode}: {done.stderr.strip()[-300:]}"

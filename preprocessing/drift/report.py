@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mmlake.lake import StreamTables, format_us, is_local
+from mmlake.lake import StreamTables, format_us, is_local, scan
 from mmlake.preprocessing.drift.run import DriftSummary
 
 
@@ -48,7 +48,7 @@ def encoder_trained(tables: StreamTables) -> bool | None:
     dt = tables.open("features")
     if dt is None:
         return None
-    col = dt.to_pyarrow_dataset().to_table(columns=["encoder_trained"]).column("encoder_trained")
+    col = scan(dt, ["encoder_trained"]).column("encoder_trained")
     return None if len(col) == 0 else bool(pc.all(col).as_py())
 
 
@@ -68,8 +68,8 @@ def recent_rows(drift_dt: Any, windows: int = 600) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = drift_dt.to_pyarrow_table(columns=["window_start", "window_end", "first_sample", "metric", "value",
-                                               "threshold_low", "threshold_high", "alarm"])
+    table = scan(drift_dt, ["window_start", "window_end", "first_sample", "metric", "value",
+                             "threshold_low", "threshold_high", "alarm"])
     starts = sorted(set(table.column("first_sample").to_pylist()))
     if not starts:
         return []

@@ -187,7 +187,7 @@ def latest_state(dt: Any) -> dict[str, Any] | None:
 
 def _codebook_rows(dt: Any) -> list[dict[str, Any]]:
     """The codebook table's rows (one per modality; none without the table), read once per run."""
-    return dt.to_pyarrow_table().to_pylist() if dt is not None else []
+    return scan(dt).to_pylist() if dt is not None else []
 
 
 def _load_reference(rows: list[dict[str, Any]]) -> Reference:
