@@ -71,11 +71,7 @@ def default_record_id(modality: str, event_time_us: int, payload: bytes) -> str:
     Hex SHA-256 of ``modality``, NUL, the event time as decimal UTC epoch microseconds, NUL, then the
     payload bytes. Two spellings of one instant (RFC 3339 or epoch ms) give the same id.
     """
-    digest = hashlib.sha256()
-    digest.update(modality.encode())
-    digest.update(b"\x00")
-    digest.update(str(event_time_us).encode())
-    digest.update(b"\x00")
+    digest = hashlib.sha256(b"%b\x00%d\x00" % (modality.encode(), event_time_us))
     digest.update(payload)
     return digest.hexdigest()
 
@@ -175,8 +171,10 @@ def decode(
     if value is None:
         return Rejected(Reason.MISSING_VALUE, "the record has no value (a tombstone)")
     payload = value
+    fields: dict[str, str] = _header_map(headers)  # type: ignore[assignment]  # decoded in place below
     try:
-        fields = {name: raw.decode("utf-8") for name, raw in _header_map(headers).items()}
+        for name, raw in fields.items():
+            fields[name] = raw.decode("utf-8")  # type: ignore[attr-defined]
     except UnicodeDecodeError:
         return Rejected(Reason.BAD_HEADER, "a header value is not UTF-8")
     if key is not None:
@@ -231,11 +229,4 @@ def decode(
     content_type = declared or sniff_content_type(modality, payload) or "application/octet-stream"
     record_id = fields.get(HEADER_RECORD_ID) or default_record_id(modality, event_time_us, payload)
     sample_id = fields.get(HEADER_SAMPLE_ID) or key_text or record_id
-    return Accepted(
-        record_id=record_id,
-        sample_id=sample_id,
-        modality=modality,
-        content_type=content_type,
-        event_time_us=event_time_us,
-        payload_sha256=hashlib.sha256(payload).hexdigest(),
-    )
+    return Accepted(record_id, sample_id, modality, content_type, event_time_us, hashlib.sha256(payload).hexdigest())
