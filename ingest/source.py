@@ -194,7 +194,8 @@ class KafkaPythonSource(_Prefetching):
             self._learn_bounds()
             for tp, batch in sorted(polled.items(), key=lambda item: item[0].partition):
                 bound = self._bounds.get(tp.partition) if self._bounded else None
-                taken = self._take(batch, bound, max_records - len(out), max_bytes - size)
+                full = bool(out) and size >= max_bytes  # another partition filled the room
+                taken = [] if full else self._take(batch, bound, max_records - len(out), max_bytes - size)
                 if len(taken) < len(batch):
                     # Records we did not take were consumed from the client's buffer: rewind to them.
                     self._consumer.seek(tp, taken[-1].offset + 1 if taken else batch[0].offset)
@@ -299,6 +300,7 @@ class ConfluentSource(_Prefetching):
         self._next: dict[int, int] = {}  # the next offset handed out, per partition
         self._bounds: dict[int, int] = {}
         self._bounded = True
+        self._carry: list[Any] = []  # messages consumed beyond the last fetch's room, not handed out
         self._last_progress = time.monotonic()
 
     def _assign_at(self, offsets: dict[int, int]) -> None:
@@ -312,12 +314,14 @@ class ConfluentSource(_Prefetching):
         self._next = dict(start)
         self._bounded = bounded
         self._bounds = {}
+        self._carry = []
         self._assign_at(self._next)
         self._last_progress = time.monotonic()
 
     def seek(self, start: dict[int, int]) -> None:
         # Re-assigning at the new offsets drops what librdkafka prefetched from the old ones.
         self._next.update(start)
+        self._carry = []
         self._assign_at({p: self._next[p] for p in self._assigned})
         self._last_progress = time.monotonic()
 
@@ -345,18 +349,20 @@ class ConfluentSource(_Prefetching):
 
         out: list[Any] = []
         size = 0
-        rewind: dict[int, int] = {}
         deadline = time.monotonic() + wait_s
-        while len(out) < max_records and size < max_bytes and not rewind:
-            if self.done():
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 and (out or not self._bounded):
-                break
-            messages = self._consumer.consume(num_messages=min(max_records - len(out), 100_000),
-                                              timeout=max(min(remaining, 0.5), 0.05))
-            self._learn_bounds()
-            for message in messages:
+        while len(out) < max_records and size < max_bytes:
+            if self._carry:  # consumed by the last fetch beyond its room: handed out first
+                messages, self._carry = self._carry, []
+            else:
+                if self.done():
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 and (out or not self._bounded):
+                    break
+                messages = self._consumer.consume(num_messages=min(max_records - len(out), 100_000),
+                                                  timeout=max(min(remaining, 0.5), 0.05))
+                self._learn_bounds()
+            for i, message in enumerate(messages):
                 p, at_offset, error = message.partition(), message.offset(), message.error()
                 if p is None or p not in self._next:
                     continue  # a broker-level event: the timeout decides
@@ -367,14 +373,16 @@ class ConfluentSource(_Prefetching):
                         self._next[p] = out[-1].offset + 1
                     continue  # otherwise the end of a partition, or a transient error
                 offset = int(at_offset or 0)
-                if p in rewind or offset < self._next[p]:
-                    continue  # behind a rewind, or stale from before a seek
+                if offset < self._next[p]:
+                    continue  # stale from before a seek
                 bound = self._bounds.get(p) if self._bounded else None
                 if bound is not None and offset >= bound:
                     continue
                 if len(out) >= max_records or (out and size >= max_bytes):
-                    rewind[p] = offset  # consumed past the room: read again from here next time
-                    continue
+                    # Past the room: kept for the next fetch. Re-assigning instead would drop what
+                    # librdkafka prefetched and fetch it again (every batch of large records did).
+                    self._carry = messages[i:]
+                    break
                 record = record_of(self.topic, message)
                 out.append(record)
                 self._next[p] = offset + 1
@@ -382,8 +390,6 @@ class ConfluentSource(_Prefetching):
                 self._last_progress = time.monotonic()
             if not messages and time.monotonic() - self._last_progress > self._timeout_s:
                 self._check_alive()
-        if rewind:
-            self._assign_at({p: self._next[p] for p in self._assigned})
         out.sort(key=lambda r: (r.partition, r.offset))
         return out
 

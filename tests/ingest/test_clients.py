@@ -47,3 +47,32 @@ def test_an_unknown_client_is_refused_in_one_line(broker) -> None:
         open_source("librdkafka", broker.bootstrap, "t")
     with pytest.raises(ValueError, match="kafka_client"):
         IngestSettings(kafka_client="librdkafka")
+
+
+@pytest.mark.parametrize("client", sorted(SOURCES))
+def test_fetches_cut_by_bytes_hand_out_every_record_once(broker, producer, new_topic, client) -> None:
+    """A fetch stops once its records reach ``max_bytes``; what the client had consumed beyond is handed
+    out by the next fetches, in offset order per partition, none skipped or repeated."""
+    topic = new_topic(partitions=2)
+    for i in range(60):
+        producer.send(topic, bytes([65 + i % 26]) * (1000 + i), "text", event_time=T0_MS + i, partition=i % 2)
+    producer.flush()
+    source = open_source(client, broker.bootstrap, topic)
+    try:
+        source.assign({0: 0, 1: 0}, bounded=True)
+        got: dict[int, list[int]] = {0: [], 1: []}
+        fetches = 0
+        while not source.done():
+            batch = source.fetch(1000, 5_000, 1.0)
+            fetches += 1
+            assert fetches < 100
+            if batch:
+                assert sum(len(r.value) for r in batch[:-1]) < 5_000 or len(batch) == 1  # stops at the room
+            for rec in batch:
+                got[rec.partition].append(rec.offset)
+                assert rec.value == bytes([65 + (2 * rec.offset + rec.partition) % 26]) * (1000 + 2 * rec.offset
+                                                                                           + rec.partition)
+    finally:
+        source.close()
+    assert got == {0: list(range(30)), 1: list(range(30))}
+    assert fetches >= 12  # 60 records of ~1 KB, 5 KB a fetch
