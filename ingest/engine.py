@@ -195,11 +195,7 @@ class IngestRun:
                     expr = expr | ((ds.field("kafka_partition") == p) & (ds.field("kafka_offset") >= start)
                                    & (ds.field("kafka_offset") <= self._committed["raw"][p]))
         table = lake.scan(dt, ["record_id", "event_time", "payload_sha256", "kafka_partition", "kafka_offset"], expr)
-        table = table.sort_by("event_time")  # for an id raw holds twice (beyond the horizon), the newest copy
-        ids = table.column("record_id").to_pylist()
-        times = table.column("event_time").cast(pa.int64()).to_pylist()
-        shas = table.column("payload_sha256").to_pylist()
-        self._seen = dict(zip(ids, zip(times, shas, strict=True), strict=True))
+        self._seen = _known_ids(table)
         self._replayed = {
             (p, o) for p, o in zip(table.column("kafka_partition").to_pylist(), table.column("kafka_offset").to_pylist(),
                                    strict=True)
@@ -212,11 +208,8 @@ class IngestRun:
         import pyarrow.compute as pc
 
         table = lake.scan(self._dts["raw"], ["record_id", "event_time", "payload_sha256"])
-        table = table.filter(pc.is_in(table.column("record_id"), value_set=pa.array(sorted(ids), pa.string())))
-        table = table.sort_by("event_time")
-        times = table.column("event_time").cast(pa.int64()).to_pylist()
-        return dict(zip(table.column("record_id").to_pylist(),
-                        zip(times, table.column("payload_sha256").to_pylist(), strict=True), strict=True))
+        return _known_ids(table.filter(pc.is_in(table.column("record_id"),
+                                                value_set=pa.array(sorted(ids), pa.string()))))
 
     def _prune_seen(self) -> None:
         cutoff = self._horizon_us()
@@ -316,9 +309,10 @@ class IngestRun:
             if not self._must_commit(name, batch):
                 continue
             data = batch.rows[name].table()
-            if not self._append(name, data, batch.last_offset):
-                if name == "raw":  # raw held the whole batch already: its records are known ids again
-                    self._seen.update(batch.new_ids)
+            appended = self._append(name, data, batch.last_offset)
+            if name == "raw":  # committed now, or held already: the batch's records are known ids
+                self._seen.update(batch.new_ids)
+            if not appended:
                 continue
             if name == "dlq":
                 self.summary.dead_lettered += data.num_rows
@@ -328,7 +322,6 @@ class IngestRun:
                 self.summary.accepted += data.num_rows
                 self.summary.duplicates += batch.duplicates
                 self.summary.payload_bytes += batch.rows["raw"].payload_bytes()
-                self._seen.update(batch.new_ids)
         for p, last in batch.last_offset.items():
             span = self.summary.offsets.setdefault(p, [batch.first_offset[p], last])
             span[1] = last
@@ -491,6 +484,15 @@ def _fewer_collections(gen0: int = 50_000) -> Iterator[None]:
         gc.set_threshold(*before)
 
 
+def _known_ids(table: pa.Table) -> dict[str, tuple[int, str]]:
+    """Record id -> (event time, payload SHA-256) of raw rows; for an id raw holds twice (beyond the
+    horizon), the newest copy."""
+    table = table.sort_by("event_time")
+    times = table.column("event_time").cast(pa.int64()).to_pylist()
+    return dict(zip(table.column("record_id").to_pylist(),
+                    zip(times, table.column("payload_sha256").to_pylist(), strict=True), strict=True))
+
+
 def _spans(records: list[Any]) -> str:
     """``partition 0 offsets 10-20, partition 1 offset 7``: where a batch lies, for error messages."""
     bounds: dict[int, list[int]] = {}
@@ -578,7 +580,7 @@ class _Columns:
         data.update(record_id=[acc.record_id for acc in outs], sample_id=[acc.sample_id for acc in outs],
                     modality=[acc.modality for acc in outs], content_type=[acc.content_type for acc in outs],
                     event_time=times, payload=payloads, payload_sha256=[acc.payload_sha256 for acc in outs],
-                    size_bytes=[len(v) for v in payloads], event_date=[t // lake.US_PER_DAY for t in times])
+                    size_bytes=[len(v) for v in payloads], event_date=list(map(lake.day_of, times)))
         if "watermark" in self.schema.names:
             data["watermark"] = self.watermarks
         return data
