@@ -14,7 +14,7 @@ class CacheSettings(Settings):
     model_config = SettingsConfigDict(env_prefix="MMLAKE_CACHE_")
 
     min_similarity: float = Field(
-        0.82, gt=0, le=1, description="Server floor: a lookup hits only at cosine >= this; requests may only raise it."
+        0.9, gt=0, le=1, description="Server floor: a lookup hits only at cosine >= this; requests may only raise it."
     )
     refresh_similarity: float = Field(
         0.995, gt=0, le=1, description="A store this close to an existing entry refreshes that entry instead of adding one."

@@ -9,8 +9,12 @@ import io
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 COLOURS = {
     "red": (220, 40, 40),
@@ -90,3 +94,66 @@ def samples(
         if audio_every and i % audio_every == 0:
             freq = 220.0 * (1 + names.index(colour))
             yield SynthPart(sample_id, "audio", wav_tone(freq, 0.25), at, "audio/wav")
+
+
+# -- scenes and their near-duplicates (the SafeCache benchmark, the encoder tests, the VLM example) -----
+
+#: What :func:`augment` does, by ``kind``: the near-duplicates an inference tier sees of one image.
+AUGMENTATIONS = ("jpeg_q75", "crop_5px", "resize_0.71x_and_back", "colour_shift_8", "brightness_5pct")
+
+
+def scene(rng: np.random.Generator, size: int = 224) -> PIL.Image.Image:
+    """An RGB image of 3-6 filled shapes (ellipses, rectangles, triangles, thick lines) in random
+    colours, places and sizes on a plain background of a random colour."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (size, size), _colour(rng))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(3, 7))):
+        kind = int(rng.integers(0, 4))
+        colour = _colour(rng)
+        x0, y0 = (int(v) for v in rng.integers(0, size - size // 6, 2))
+        w, h = (int(v) for v in rng.integers(size // 8, size // 2, 2))
+        box = (x0, y0, min(size, x0 + w), min(size, y0 + h))
+        if kind == 0:
+            draw.ellipse(box, fill=colour)
+        elif kind == 1:
+            draw.rectangle(box, fill=colour)
+        elif kind == 2:
+            draw.polygon([(box[0], box[3]), ((box[0] + box[2]) // 2, box[1]), (box[2], box[3])], fill=colour)
+        else:
+            draw.line([box[:2], box[2:]], fill=colour, width=int(rng.integers(3, 12)))
+    return img
+
+
+def augment(img: PIL.Image.Image, kind: int, rng: np.random.Generator) -> PIL.Image.Image:
+    """A near-duplicate of ``img``, one of :data:`AUGMENTATIONS` (``kind`` indexes it)."""
+    from PIL import Image, ImageEnhance
+
+    size = img.width
+    if kind == 0:
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=75)
+        return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    if kind == 1:
+        return img.crop((5, 5, size - 5, size - 5)).resize((size, size), Image.BICUBIC)
+    if kind == 2:
+        small = int(size * 0.71)
+        return img.resize((small, small), Image.BILINEAR).resize((size, size), Image.BILINEAR)
+    if kind == 3:
+        shifted = np.asarray(img).astype(np.int16) + rng.integers(-8, 9, 3)
+        return Image.fromarray(np.clip(shifted, 0, 255).astype(np.uint8))
+    if kind == 4:
+        return ImageEnhance.Brightness(img).enhance(1.05 if rng.random() < 0.5 else 0.95)
+    raise ValueError(f"augmentation kind {kind} is not one of 0..{len(AUGMENTATIONS) - 1}")
+
+
+def png_bytes(img: PIL.Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
+    r, g, b = (int(c) for c in rng.integers(0, 256, 3))
+    return r, g, b

@@ -55,7 +55,7 @@ class Operator:
         self.options = options
         blobs = [registry.model_bytes(m) for m in spec.models]  # each checked against its recorded hash
         self.model_shas = [sha256_hex(b) for b in blobs]
-        self.sessions = [session(b, options, cpu_only=m.builder != "clip") for b, m in zip(blobs, spec.models)]
+        self.sessions = [session(b, options, cpu_only=not m.encoder) for b, m in zip(blobs, spec.models)]
         self.providers = [s.get_providers()[0] for s in self.sessions]
 
     @property

@@ -37,6 +37,8 @@ DEFAULT_MANIFEST = PACKAGE_DIR / "operators.json"
 #: Hashes recorded for generated models the repository cannot know (a user's checkpoint): trust on
 #: first export, checked on every later use.
 LOCAL_RECORD = "recorded-models.json"
+#: Builders of encoder networks (exported from torch); the others build small preprocessing graphs.
+ENCODER_BUILDERS = frozenset({"clip", "efficientnet_lite0"})
 
 
 def sha256_hex(data: bytes) -> str:
@@ -76,6 +78,11 @@ class ModelSpec(_Ref):
     file: str | None = None  # committed file, relative to the manifest
     generated: bool = False  # generated into the cache folder on first use
     weights: str | None = None  # local checkpoint path (generated CLIP towers only)
+
+    @property
+    def encoder(self) -> bool:
+        """An encoder network (the part that may run on a GPU), not a preprocessing graph."""
+        return self.builder in ENCODER_BUILDERS
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,10 @@ class Registry:
             from mmlake.preprocessing.clip import export_tower
 
             return export_tower({**spec.params, "opset": spec.opset}, spec.weights)
+        if spec.builder == "efficientnet_lite0":
+            from mmlake.preprocessing.efficientnet import export
+
+            return export({**spec.params, "opset": spec.opset})
         from mmlake.preprocessing.graphs import BUILDERS
 
         if spec.builder not in BUILDERS:
@@ -229,8 +240,9 @@ class Registry:
 
     def with_clip(self, arch: str, weights: str | None, seed: int = 0) -> Registry:
         """A registry whose default image and text operators use ``arch`` with the checkpoint at
-        ``weights`` (or a seeded initialisation when None). Versions get a ``+<tag>`` suffix naming the
-        checkpoint's hash (or the seed); hashes of these models are pinned on their first export."""
+        ``weights`` (or a seeded initialisation when None), built on the registered CLIP operators
+        (``image_clip``, ``text_clip``: their latest versions). Versions get a ``+<tag>`` suffix naming
+        the checkpoint's hash (or the seed); hashes of these models are pinned on their first export."""
         import open_clip
 
         if open_clip.get_model_config(arch) is None:
@@ -245,7 +257,7 @@ class Registry:
             tag = f"{arch.lower()}-seed{seed}"
         doc = json.loads(json.dumps(self.manifest))
         for modality in ("image", "text"):
-            base = self.operators[self.defaults[modality]]
+            base = self._clip_operator(modality)
             models = []
             for m in base.models:
                 if m.builder != "clip":
@@ -264,6 +276,22 @@ class Registry:
                                         "params": {**base.params, "arch": arch}}
             doc["defaults"][modality] = op_ref
         return Registry(doc, self.root, self.cache_dir)
+
+
+    def _clip_operator(self, modality: str) -> OperatorSpec:
+        """The modality's default operator if it is a CLIP one, else the latest registered CLIP operator."""
+        default = self.operators[self.defaults[modality]]
+        if any(m.builder == "clip" for m in default.models):
+            return default
+        clip = [s for s in self.operators.values()
+                if s.modality == modality and "+" not in s.version and any(m.builder == "clip" for m in s.models)]
+        if not clip:
+            raise OperatorNotFoundError(f"no CLIP {modality} operator is registered")
+        return max(clip, key=lambda s: (s.name, _version_key(s.version)))
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (-1, version)
 
 
 def load_registry(settings: PreprocessSettings) -> Registry:

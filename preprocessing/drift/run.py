@@ -143,20 +143,22 @@ def read_samples(features: Any, ops: dict[str, OperatorSpec], since_us: int | No
     n = len(ids)
     modalities = table.column("modality").to_pylist()
     errors = table.column("error_code").to_pylist()
+    # Each modality's operator has its own width (a trained image encoder's 1280, CLIP's 384, ...).
     emb_col = table.column("embedding").combine_chunks()
     valid = np.asarray(emb_col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(emb_col), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
     flat = np.asarray(emb_col.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
-    dim = len(flat) // int(valid.sum()) if valid.any() else 0
-    values = flat.reshape(-1, max(dim, 1))
-    value_row = np.cumsum(valid) - 1
-    embeddings = {m: np.full((n, dim), np.nan, dtype=np.float32) for m in ops}
+    modality_array = np.asarray(modalities, dtype=object)
+    dims = {m: int(lengths[valid & (modality_array == m)].max(initial=0)) for m in ops}
+    embeddings = {m: np.full((n, dims[m]), np.nan, dtype=np.float32) for m in ops}
     status = {m: np.full(n, MISSING, dtype=np.int8) for m in ops}
     for row, (s, m) in enumerate(zip(sid, modalities, strict=True)):
         p = position[order[s]]
-        if errors[row] is not None or not valid[row]:
+        if errors[row] is not None or not valid[row] or lengths[row] != dims[m]:
             status[m][p] = ERROR
             continue
-        e = values[value_row[row]]
+        e = flat[starts[row]:starts[row + 1]]
         embeddings[m][p] = e
         status[m][p] = NAN if not np.isfinite(e).all() else (ZERO_NORM if not np.any(e) else 0)
     return Samples(np.asarray([first[i] for i in rank], dtype=np.int64), [ids[i] for i in rank], embeddings, status)

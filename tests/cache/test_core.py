@@ -33,8 +33,9 @@ def test_exact_hit_returns_the_stored_tensors(cache) -> None:
     assert all(torch.equal(hit.tensors[k], tensors[k]) for k in tensors)
 
 
-@pytest.mark.parametrize(("cosine", "hits"), [(0.819, False), (0.821, True)])
-def test_threshold_boundary(cache, cosine, hits) -> None:
+@pytest.mark.parametrize(("delta", "hits"), [(-0.001, False), (0.001, True)])
+def test_threshold_boundary(cache, delta, hits) -> None:
+    cosine = CacheSettings().min_similarity + delta
     rng = np.random.default_rng(1)
     e = unit(rng, DIM)
     cache.put("a", "m", e, kv(1))
@@ -46,7 +47,8 @@ def test_threshold_boundary(cache, cosine, hits) -> None:
         assert cache.stats("a")["rejected_below_threshold"] == 1
 
 
-def test_requests_may_only_tighten_the_threshold(cache) -> None:
+def test_requests_may_only_tighten_the_threshold(clock) -> None:
+    cache = SafeCache(CacheSettings(min_similarity=0.82), clock=clock)
     rng = np.random.default_rng(2)
     e = unit(rng, DIM)
     cache.put("a", "m", e, kv(1))
@@ -99,7 +101,8 @@ def test_near_duplicate_store_refreshes(cache, clock) -> None:
 def test_eviction_order_is_lru2_weighted_by_similarity(clock) -> None:
     rng = np.random.default_rng(6)
     size = 4096
-    cache = SafeCache(CacheSettings(gpu_bytes=0, cpu_bytes=3 * size, similarity_weight_s=100), clock=clock)
+    cache = SafeCache(CacheSettings(gpu_bytes=0, cpu_bytes=3 * size, similarity_weight_s=100, min_similarity=0.82),
+                      clock=clock)
     es = [unit(rng, DIM) for _ in range(6)]
     lsh = cache.lsh_for(DIM)
     for i in range(3):  # stored at t = 1, 2, 3
@@ -163,7 +166,7 @@ def test_budget_holds_under_load_and_disk_spill_keeps_entries(tmp_path, clock) -
 
 def test_collision_bound_stops_a_confusable_bucket(clock) -> None:
     rng = np.random.default_rng(9)
-    cache = SafeCache(CacheSettings(collision_min_pairs=5, collision_bound=0.05), clock=clock)
+    cache = SafeCache(CacheSettings(collision_min_pairs=5, collision_bound=0.05, min_similarity=0.82), clock=clock)
     lsh = cache.lsh_for(DIM)
     centre = unit(rng, DIM)
     results = [cache.put("a", "m", at_cosine(centre, 0.93, rng, lsh), kv(i)) for i in range(12)]

@@ -61,8 +61,9 @@ def test_incremental_runs_process_each_raw_row_once_with_provenance(tmp_path: Pa
         assert [m["sha256"] for m in row["op_models"]] == [m.sha256 for m in spec.models]
         assert row["ort_version"] == onnxruntime.__version__
         assert row["execution_provider"] == "CPUExecutionProvider"
-        assert row["encoder_trained"] is False
-        assert len(row["embedding"]) == 384 and row["error_code"] is None
+        # The image encoder is the trained EfficientNet-Lite0 (1280 wide); text and audio are seeded.
+        assert row["encoder_trained"] is (row["modality"] == "image")
+        assert len(row["embedding"]) == (1280 if row["modality"] == "image" else 384) and row["error_code"] is None
     # The commit metadata names the job and the runtime options.
     dt = StreamTables(lake, "s").open("features")
     info = [c for c in dt.history() if c.get("mmlake.job") == "preprocess"]

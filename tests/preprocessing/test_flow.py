@@ -65,7 +65,7 @@ def test_preprocess_and_backfill_flows_write_features_lineage_and_artifacts(pref
     assert [i["name"] for i in event["inputs"]][0].endswith("/demo/raw")
     assert event["outputs"][0]["name"].endswith("/demo/features")
     operators = event["run"]["facets"]["mmlake_onnx_operators"]["operators"]
-    assert {o["name"] for o in operators} >= {"image_preprocess", "clip_image", "clip_text", "audio_logmel"}
+    assert {o["name"] for o in operators} >= {"image_preprocess", "efficientnet_lite0_in1k", "clip_text", "audio_logmel"}
     assert all(len(o["sha256"]) == 64 and o["executionProvider"] == "CPUExecutionProvider" for o in operators)
 
 

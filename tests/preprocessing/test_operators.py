@@ -65,7 +65,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
-def test_onnx_clip_towers_match_torch_open_clip(ops, registry) -> None:
+def test_onnx_clip_towers_match_torch_open_clip(ops, registry, cpu_options) -> None:
     import open_clip
     import torch
     from PIL import Image
@@ -80,14 +80,52 @@ def test_onnx_clip_towers_match_torch_open_clip(ops, registry) -> None:
         ref_image = model.encode_image(pixels).numpy()
         tokens = open_clip.get_tokenizer("ViT-S-32")(["a red square on a dark background", "hello", "ÉTÉ", "x " * 100])
         ref_text = model.encode_text(tokens).numpy()
-    onnx_image = ops["image"].encode_prepared(list(pixels.numpy()))
+    clip_image = load(registry.operator("image_clip@1"), registry, cpu_options)
+    onnx_image = clip_image.encode_prepared(list(pixels.numpy()))
     assert _cosine(onnx_image, ref_image).min() >= 0.9999
     onnx_text = ops["text"].encode([t.encode() for t in ["a red square on a dark background", "hello", "ÉTÉ",
                                                           "x " * 100]]).embeddings
     assert _cosine(onnx_text, ref_text).min() >= 0.9999
     # End to end through our image graph: within the graph's tolerance, the embedding barely moves.
-    ours = ops["image"].encode([_png(p) for p in images]).embeddings
+    ours = clip_image.encode([_png(p) for p in images]).embeddings
     assert _cosine(ours, ref_image).min() >= 0.999
+
+
+def test_the_trained_image_encoder_matches_its_torch_network(ops, registry) -> None:
+    import torch
+
+    from mmlake.preprocessing.efficientnet import encoder_module, load_network
+
+    spec = registry.operator("image_efficientnet_lite0@1")
+    assert ops["image"].spec == spec and spec.trained, "the trained encoder is the default image operator"
+    pixels = np.stack([ops["image"].prepare(_png(_photo(240, 320, seed=i))) for i in range(3)])
+    with torch.no_grad():
+        reference = encoder_module(load_network(spec.models[-1].params["weights_sha256"]))(torch.from_numpy(pixels))
+    ours = ops["image"].encode_prepared(list(pixels))
+    assert ours.shape == (3, 1280)
+    assert np.abs(ours - reference.numpy()).max() <= 1e-4 * float(np.abs(reference.numpy()).max())
+
+
+def test_trained_features_tell_scenes_apart_and_keep_near_duplicates_close(ops) -> None:
+    from mmlake.cache import CacheSettings
+    from mmlake.ingest.synth import AUGMENTATIONS, augment, png_bytes, scene
+
+    threshold = CacheSettings().min_similarity
+    rng = np.random.default_rng(5)
+    sources = [scene(rng) for _ in range(8)]
+    copies = [(i, augment(img, kind, rng)) for i, img in enumerate(sources) for kind in range(len(AUGMENTATIONS))]
+    stored = ops["image"].encode([png_bytes(img) for img in sources]).embeddings
+    queries = ops["image"].encode([png_bytes(img) for _, img in copies]).embeddings
+    stored /= np.linalg.norm(stored, axis=1, keepdims=True)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    between = stored @ stored.T
+    np.fill_diagonal(between, -1)
+    assert between.max() < threshold, "two different scenes would share a cache entry"
+    sims = queries @ stored.T
+    truth = np.array([i for i, _ in copies])
+    assert (sims.argmax(axis=1) == truth).all(), "every near-duplicate is closest to its own source"
+    own = sims[np.arange(len(copies)), truth]
+    assert (own >= threshold).mean() >= 0.68, f"near-duplicates above the threshold: {np.round(own, 3)}"
 
 
 def _payloads() -> dict[str, list[bytes]]:
