@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml $(PACKAGE_DIRS)
 
 demo: $(STAMP)
 	$(VENV)/bin/mmlake demo
+	$(PY) -m examples.vlm_server
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -4,8 +4,9 @@ A generated multimodal data set (1,600 images with captions, audio clips, event 
 hours; from sample 1,200 on, 176 samples after the drift reference ends, captions describe other
 samples' images: a pairing shuffle) plus a few re-sent, late
 and malformed records goes through the embedded broker into the lake; a second ingest run shows that
-nothing is written twice. The raw rows go through the ONNX operators into the features table (seeded,
-untrained CLIP towers unless MMLAKE_PREPROCESS_CLIP_WEIGHTS is set); a backfill of one hour, run twice,
+nothing is written twice. The raw rows go through the ONNX operators into the features table (the
+trained EfficientNet-Lite0 for images, a seeded CLIP text tower for captions, unless
+MMLAKE_PREPROCESS_CLIP_WEIGHTS is set); a backfill of one hour, run twice,
 shows that a rerun changes nothing; drift detection raises its alarm on the image-text mutual
 information; an inference server stores KV caches in SafeCache and looks them up, and the cache
 warm-up flow sees the drift alarm and invalidates the stream's entries. A summary table ends it.
@@ -107,7 +108,7 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     t0 = time.monotonic()
     features = PreprocessSummary(**preprocess_stream(
         stream=stream, lake=lake, progress=lambda done, total: _progress("features", done, total or rows["raw"])))
-    print(f"  features ({time.monotonic() - t0:.1f}s, including generating the CLIP towers on first use):")
+    print(f"  features ({time.monotonic() - t0:.1f}s, including generating the encoders on first use):")
     print(f"    {features.line()}")
     hour = ("2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z")
     forced = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake, force=True,
@@ -116,7 +117,8 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     print(f"  backfill {hour[0]}..{hour[1]}: {forced['rows']} rows recomputed; rerun rewrote {rerun['rows']} "
           f"({rerun['skipped_ranges']} day(s) already up to date)")
     drift = _drift(lake, stream, samples, shuffle_at)
-    cache = _cache(lake, stream, alarm=drift["raised"])
+    captions = {p.sample_id: p.payload.decode() for p in parts if p.modality == "text"}
+    cache = _cache(lake, stream, captions, alarm=drift["raised"])
 
     events = _lines(events_path) - events_before
     summary = [
@@ -124,7 +126,7 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
         ("duplicates / dead-lettered", f"{first['duplicates']} / {first['dead_lettered']} ({', '.join(reasons)})"),
         ("second ingest run", f"{second['accepted']} new rows (exactly once)"),
         ("features", f"{features.rows} rows, {features.errors} errors"
-                     + ("" if all(op["trained"] for op in features.operators) else " (UNTRAINED seeded encoders)")),
+                     + _untrained(features.operators)),
         ("backfill rerun", f"{rerun['rows']} rows rewritten ({rerun['skipped_ranges']} day(s) up to date)"),
         ("drift alarms", drift["alarms"]),
         ("cache", cache["line"]),
@@ -146,6 +148,11 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     ok = ok and features.rows == rows["raw"] and features.errors == 0 and rerun["rows"] == 0 and forced["rows"] > 0
     ok = ok and drift["ok"] and cache["ok"]
     return 0 if ok else 1
+
+
+def _untrained(operators: list[dict[str, Any]]) -> str:
+    untrained = sorted(op["modality"] for op in operators if not op["trained"])
+    return f" ({', '.join(untrained)}: UNTRAINED seeded encoders)" if untrained else ""
 
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -185,10 +192,12 @@ def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, A
     return {"ok": ok, "alarms": alarms, "plot": result.get("plot"), "raised": bool(raised)}
 
 
-def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
-    """An inference server's view: KV caches stored under image embeddings of the stream, looked up
-    again (exactly, slightly perturbed, another sample's image, a random vector); then the cache
-    warm-up flow, which sees the drift alarm and drops the stream's entries."""
+def _cache(lake: str, stream: str, captions: dict[str, str], *, alarm: bool) -> dict[str, Any]:
+    """An inference server's view: KV caches stored under the trained image encoder's embeddings of 12
+    of the stream's images (squares and circles), looked up again (exactly; slightly perturbed; images
+    of a shape no stored image shows; a stored shape in another colour; a random vector) at the
+    server's threshold; then the cache warm-up flow, which sees the drift alarm and drops the stream's
+    entries."""
     import threading
 
     import numpy as np
@@ -201,10 +210,20 @@ def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
     from mmlake.flows.cache import cache_warmup
     from mmlake.ingest.broker import free_port
     from mmlake.lake import StreamTables
-    from mmlake.preprocessing.features import valid_embeddings
+    from mmlake.preprocessing.features import valid_rows
 
-    embeddings = valid_embeddings(StreamTables(lake, stream), "image", 16)
-    token, model = "demo-token", "tiny-lm"
+    ids, rows = valid_rows(StreamTables(lake, stream), "image", 400)
+    # What each image shows, from its caption ("a red circle on a dark background"; the first samples'
+    # captions are not shuffled). Stored: images of two of the three shapes.
+    shows = [tuple(captions.get(i, "").split()[1:3]) for i in ids]
+    stored_at = [i for i, what in enumerate(shows) if len(what) == 2 and what[1] != "stripe"][:12]
+    stored_kinds = {shows[i] for i in stored_at}
+    later = range(max(stored_at) + 1, len(ids))
+    other_shape = [rows[i] for i in later if len(shows[i]) == 2 and shows[i][1] == "stripe"][:4]
+    other_colour = [rows[i] for i in later if len(shows[i]) == 2 and shows[i][1] != "stripe"
+                    and shows[i] not in stored_kinds][:2]
+    embeddings = rows[stored_at]
+    token, model = "demo-token", "demo-vlm"
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(SafeCache(CacheSettings()), {token: "demo"}),
                                            host="127.0.0.1", port=port, log_level="warning"))
@@ -216,7 +235,7 @@ def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
     gen = torch.Generator().manual_seed(0)
     rng = np.random.default_rng(0)
-    strict = 0.97  # untrained encoders put unrelated images close together: ask for close matches only
+    threshold = CacheSettings().min_similarity
     try:
         with SafeCacheClient(url, token) as client:
             stored = {client.put(model, e, {"layer0.k": torch.randn(1, 4, 16, 32, generator=gen),
@@ -224,14 +243,15 @@ def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
                                  source=stream)["id"] for e in embeddings[:12]}
             queries = [("exact", e) for e in embeddings[:4]]
             queries += [("perturbed", at_cosine(e, 0.99, rng)) for e in embeddings[4:8]]
-            queries += [("other image", e) for e in embeddings[12:16]]
+            queries += [("other shape", e) for e in other_shape]
+            queries += [("other colour", e) for e in other_colour]
             queries += [("random", np.asarray(rng.standard_normal(embeddings.shape[1]), dtype=np.float32))
                         for _ in range(2)]
-            results = [(kind, client.lookup(model, q, min_similarity=strict)) for kind, q in queries]
+            results = [(kind, client.lookup(model, q)) for kind, q in queries]
             hits = [(k, r.similarity) for k, r in results if isinstance(r, Hit)]
             misses = [(k, r.best_similarity) for k, r in results if not isinstance(r, Hit)]
             print(f"  cache: {len(stored)} KV entries stored under image embeddings; "
-                  f"{len(queries)} lookups at min_similarity {strict}:")
+                  f"{len(queries)} lookups at the server's threshold {threshold}:")
             for kind, r in results:
                 if isinstance(r, Hit):
                     what = f"hit, similarity {r.similarity:.4f}"
@@ -239,11 +259,12 @@ def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
                     what = "miss (no candidate in its LSH buckets)"
                 else:
                     what = f"miss, best similarity {r.best_similarity:.4f}"
-                print(f"    {kind:<11} {what}")
-            print("    (untrained encoders embed images of one colour and shape almost alike, so 'other image' "
-                  "queries of an already stored kind hit)")
+                print(f"    {kind:<12} {what}")
+            print("    (stored: squares and circles; other shape: stripes, which no stored image shows; other colour: "
+                  "a stored shape in a colour\n     it was not stored in. The ImageNet encoder tells shapes apart and "
+                  "barely sees hue, so a hit there reuses the KV of the same shape in another colour)")
             warm = cache_warmup(stream=stream, lake=lake, cache_url=url, token=token)
-            after = client.lookup(model, embeddings[0], min_similarity=strict)
+            after = client.lookup(model, embeddings[0])
     finally:
         server.should_exit = True
         thread.join(10)
@@ -254,7 +275,7 @@ def _cache(lake: str, stream: str, *, alarm: bool) -> dict[str, Any]:
     line = (f"{len(hits)} hits (similarity {min(sims):.4f}..{max(sims):.4f}), {len(misses)} misses "
             f"of {len(queries)} lookups" if sims else f"0 hits, {len(misses)} misses")
     ok = (all(isinstance(r, Hit) for k, r in results if k in ("exact", "perturbed"))
-          and not any(isinstance(r, Hit) for k, r in results if k == "random"))
+          and not any(isinstance(r, Hit) for k, r in results if k in ("random", "other shape")))
     if alarm:  # the warm-up must see the drift alarm and drop every entry of the stream
         ok = ok and warm["drift_alarm"] and warm["invalidated"] == len(stored) and not isinstance(after, Hit)
     else:

@@ -78,5 +78,6 @@ def drift_stream(stream: str, lake: str | None = None, rebuild: bool = False, ma
                              description=summary.line())
     out = summary.as_dict()
     out["encoder_trained"] = shown.encoder_trained
+    out["untrained_modalities"] = list(shown.untrained)
     out["plot"] = shown.plot
     return out

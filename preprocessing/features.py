@@ -82,9 +82,10 @@ class PreprocessSummary:
 
     def line(self) -> str:
         per = ", ".join(f"{k} {v}" for k, v in sorted(self.by_operator.items())) or "nothing to do"
-        untrained = any(not op["trained"] for op in self.operators if op["name"] in
-                        {k.split("@")[0] for k in self.by_operator})
-        note = " (encoders UNTRAINED: seeded initialisation, embeddings carry no meaning)" if untrained else ""
+        untrained = sorted(op["modality"] for op in self.operators if not op["trained"] and op["name"] in
+                           {k.split("@")[0] for k in self.by_operator})
+        note = (f" ({', '.join(untrained)} encoders UNTRAINED: seeded initialisation, their embeddings carry no "
+                "meaning)") if untrained else ""
         return (f"{self.stream}: {self.rows} feature rows ({self.errors} with errors) in {self.commits} commits: "
                 f"{per}; {self.runtime.get('provider', '?')}, ORT {self.runtime.get('ort_version', '?')}{note}")
 
@@ -271,13 +272,22 @@ def count(summary: PreprocessSummary, rows: pa.Table) -> None:
 def valid_embeddings(tables: StreamTables, modality: str, limit: int) -> np.ndarray:
     """The first ``limit`` embeddings of ``modality`` in event-time order, from rows without an error,
     as a float32 matrix (fewer rows if the table has fewer)."""
+    return valid_rows(tables, modality, limit)[1]
+
+
+def valid_rows(tables: StreamTables, modality: str, limit: int, op_name: str | None = None) -> tuple[list[str], np.ndarray]:
+    """(sample ids, embeddings) of the first ``limit`` rows of ``modality`` without an error, in event-time
+    order; with ``op_name``, only that operator's rows (a stream moved to another operator holds both)."""
     dt = tables.open("features")
     if dt is None:
         raise InputError(f"stream {tables.stream!r} has no features table at {tables.uri('features')}")
-    table = scan(dt, ["modality", "event_time", "embedding", "error_code"])
-    table = table.filter(pc.and_(pc.equal(table.column("modality"), modality), pc.is_null(table.column("error_code"))))
-    rows = table.sort_by("event_time").column("embedding").to_pylist()[:limit]
-    return np.asarray(rows, dtype=np.float32)
+    table = scan(dt, ["sample_id", "record_id", "modality", "event_time", "embedding", "error_code", "op_name"])
+    keep = pc.and_(pc.equal(table.column("modality"), modality), pc.is_null(table.column("error_code")))
+    if op_name is not None:
+        keep = pc.and_(keep, pc.equal(table.column("op_name"), op_name))
+    table = table.filter(keep).sort_by([("event_time", "ascending"), ("record_id", "ascending")]).slice(0, limit)
+    ids = pc.coalesce(table.column("sample_id"), table.column("record_id")).to_pylist()
+    return ids, np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
 
 
 def runtime_json(writer: FeatureWriter) -> str:

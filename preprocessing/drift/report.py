@@ -22,6 +22,7 @@ class Report:
     markdown: str
     encoder_trained: bool | None
     plot: str | None
+    untrained: tuple[str, ...] = ()  # the modalities with rows from untrained encoders
 
 
 def report(tables: StreamTables, summary: DriftSummary) -> Report:
@@ -29,8 +30,10 @@ def report(tables: StreamTables, summary: DriftSummary) -> Report:
     saved to ``<lake>/_plots/drift-<stream>.png`` on a local lake) and the run's summary."""
     drift_dt = tables.open("drift")
     png = plot_png(recent_rows(drift_dt), f"drift of {tables.stream}") if drift_dt is not None else None
-    trained = encoder_trained(tables)
-    return Report(markdown(summary, png, trained), trained, save_plot(tables.lake, tables.stream, png))
+    untrained = untrained_modalities(tables)
+    trained = None if untrained is None else not untrained
+    return Report(markdown(summary, png, untrained or ()), trained, save_plot(tables.lake, tables.stream, png),
+                  tuple(untrained or ()))
 
 
 def result_line(result: dict[str, Any]) -> str:
@@ -38,18 +41,30 @@ def result_line(result: dict[str, Any]) -> str:
     embeddings came from untrained encoders."""
     fields = {k: v for k, v in result.items() if k in DriftSummary.__dataclass_fields__}
     line = DriftSummary(**fields).line()
+    untrained = result.get("untrained_modalities")
+    if untrained:
+        return line + f" ({', '.join(untrained)} embeddings from UNTRAINED seeded encoders)"
     return line + (" (embeddings from UNTRAINED seeded encoders)" if result.get("encoder_trained") is False else "")
 
 
-def encoder_trained(tables: StreamTables) -> bool | None:
-    """Whether every features row came from a trained encoder (None: no features yet)."""
+def untrained_modalities(tables: StreamTables) -> list[str] | None:
+    """The modalities with features rows from an untrained encoder, sorted (None: no features yet)."""
     import pyarrow.compute as pc
 
     dt = tables.open("features")
     if dt is None:
         return None
-    col = scan(dt, ["encoder_trained"]).column("encoder_trained")
-    return None if len(col) == 0 else bool(pc.all(col).as_py())
+    rows = scan(dt, ["modality", "encoder_trained"])
+    if rows.num_rows == 0:
+        return None
+    untrained = rows.filter(pc.invert(rows.column("encoder_trained")))
+    return sorted(set(untrained.column("modality").to_pylist()))
+
+
+def encoder_trained(tables: StreamTables) -> bool | None:
+    """Whether every features row came from a trained encoder (None: no features yet)."""
+    untrained = untrained_modalities(tables)
+    return None if untrained is None else not untrained
 
 
 def save_plot(lake: str, stream: str, png: bytes | None) -> str | None:
@@ -113,11 +128,11 @@ def plot_png(rows: list[dict[str, Any]], title: str) -> bytes:
     return buf.getvalue()
 
 
-def markdown(summary: DriftSummary, png: bytes | None, trained: bool | None) -> str:
+def markdown(summary: DriftSummary, png: bytes | None, untrained: list[str] | tuple[str, ...]) -> str:
     lines = [f"### Drift of `{summary.stream}`", "", summary.line(), ""]
-    if trained is False:
-        lines += ["**The embeddings come from UNTRAINED (seeded) encoders**: the codes reflect low-level "
-                  "statistics, not meaning.", ""]
+    if untrained:
+        lines += [f"**The {', '.join(untrained)} embeddings come from UNTRAINED (seeded) encoders**: their codes "
+                  "reflect low-level statistics, not meaning.", ""]
     lines += ["| | |", "|---|---|", f"| samples scored | {summary.samples} |", f"| windows | {summary.windows} |",
               f"| codebook | `{(summary.codebook_sha256 or '')[:16]}` |",
               f"| metric-windows skipped (too few valid parts) | {summary.skipped_metrics} |"]

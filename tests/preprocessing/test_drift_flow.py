@@ -64,6 +64,8 @@ def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_no
     mi = [e for e, r in zip(ends, raised, strict=True) if r["metric"] == "mi.image-text"]
     assert mi and min(mi) - SHUFFLE_AT <= 2 * WINDOW
     assert results["shuffled"]["drift"]["encoder_trained"] is False
+    untrained = results["shuffled"]["drift"]["untrained_modalities"]
+    assert "text" in untrained and "image" not in untrained  # the image encoder is the trained one
     assert len({r["codebook_sha256"] for r in rows}) == 1
 
     events = [json.loads(line) for line in (Path(lake) / "_lineage/events.jsonl").read_text().splitlines()]
