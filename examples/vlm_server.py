@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import os
 import shutil
@@ -107,7 +108,9 @@ class ImageEmbedder:
         settings = PreprocessSettings()
         registry = load_registry(settings)
         spec = registry.default_operators()["image"]
-        self.operator = load(spec, registry, resolve(settings.provider, settings.threads, settings.graph_optimization))
+        options = resolve(settings.provider, settings.threads, settings.graph_optimization)
+        # No spinning: between two lookups the cores belong to the language model.
+        self.operator = load(spec, registry, dataclasses.replace(options, spin=False))
         self.name, self.trained = spec.ref, spec.trained
 
     def __call__(self, image_bytes: bytes) -> np.ndarray:

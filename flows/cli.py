@@ -517,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_lineage_explain)
 
     def runtime(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--clip-weights", metavar="PATH", help="local open_clip checkpoint (default: seeded, untrained)")
+        p.add_argument("--clip-weights", metavar="PATH", help="local open_clip checkpoint: CLIP for images and text (default: the trained EfficientNet-Lite0 for images, a seeded CLIP text tower)")
         p.add_argument("--provider", choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
         p.add_argument("--threads", type=_positive_int, help="intra-op threads per session")
         p.add_argument("--batch-size", type=_positive_int, help="inputs per encoder call")

@@ -33,6 +33,9 @@ class RuntimeOptions:
     intra_op_threads: int
     graph_optimization: str
     ort_version: str
+    #: Whether the encoder's threads spin between runs (faster back-to-back batches). An inference server
+    #: that runs its own model between lookups turns it off: spinning threads would take its cores.
+    spin: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {"provider": self.provider, "intra_op_threads": self.intra_op_threads, "inter_op_threads": 1,
@@ -85,7 +88,7 @@ def session(model: bytes, options: RuntimeOptions, *, cpu_only: bool = False) ->
     # The small preprocessing graphs get one thread: they run per item between Python decoding steps,
     # where a second pool would only contend with the encoder's. No pool spins while Python works.
     so.intra_op_num_threads = 1 if cpu_only else options.intra_op_threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0" if cpu_only else "1")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spin and not cpu_only else "0")
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = {

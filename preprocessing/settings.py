@@ -19,9 +19,10 @@ class PreprocessSettings(Settings):
         None, description="Operator manifest (JSON); unset: the one shipped in `preprocessing/operators.json`.")
     cache_dir: str = Field(
         "~/.cache/mmlake/operators",
-        description="Where generated encoder models (the CLIP towers) are written on first use.")
+        description="Where generated encoder models (EfficientNet-Lite0, the CLIP towers) are written on first use.")
     clip_weights: str | None = Field(
-        None, description="Local open_clip checkpoint for the image and text towers; unset: seeded, untrained.")
+        None, description="Local open_clip checkpoint: CLIP becomes the image and text operator; unset: images use the "
+                          "trained EfficientNet-Lite0, text a seeded (untrained) CLIP tower.")
     clip_model: str = Field("ViT-S-32", description="open_clip architecture of the towers.")
     provider: Literal["auto", "cpu", "cuda"] = Field("auto", description="ONNX Runtime execution provider: auto, cpu or cuda (never a silent fallback).")
     threads: int = Field(0, ge=0, description="Intra-op threads per session; 0: min(CPU count, 8), fixed at start and recorded.")
