@@ -324,6 +324,12 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
                          "(run `mmlake preprocess` first)")
     ops = ops if ops is not None else _defaults(preprocess)
     op_pins = {m: s.sha256 for m, s in ops.items()}
+    # A default operator that changed since the codebooks were fitted (an upgrade brought a new encoder):
+    # its embeddings are not comparable with the reference's, so the stream is rescored from a reference
+    # refitted on the new operator's rows, as `--rebuild` would; a scheduled run never stops on it.
+    moved = [] if rebuild or pinned is None else sorted(
+        m for m, sha in (pinned.get("operators") or {}).items() if op_pins.get(m) != sha)
+    rebuild = rebuild or bool(moved)
     counter = txn_version(drift_dt, app_id(stream))
     state = None if rebuild else pinned
     book_rows = _codebook_rows(tables.open("drift_codebook"))
@@ -400,6 +406,9 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         st = new.status.get(m)
         if st is not None:
             summary.invalid[m] = {STATUS_NAMES[v]: int((st == v).sum()) for v in (MISSING, NAN, ZERO_NORM, ERROR)}
+    if moved:
+        summary.status = (f"the default operator of {', '.join(moved)} changed since the codebooks were fitted: "
+                          f"rescored from a new reference; {summary.status}")
     rows = detector.feed(new) if len(new) else []
     summary.samples = len(new)
     if not len(new) and not rebuild:

@@ -168,3 +168,21 @@ def test_the_http_endpoint_answers_and_refuses_bad_requests_in_one_line(model, e
                                    ImageEmbedder()(demo_images()["image B"]),
                                    salt=prefix_salt(VisionLanguageServer(model, store, embedder).prefix_ids)), Hit)
     assert isinstance(store.lookup("t", "another-model", np.ones(1280, np.float32)), Miss)
+
+
+@pytest.mark.slow
+def test_the_example_runs_against_a_cache_server_it_starts_and_prints_ttft_with_and_without_a_hit(operator_cache) -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "examples.vlm_server", "--image-tokens", "256"], cwd=root,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "SEEDED weights" in out and "image_efficientnet_lite0@1 embeddings (trained)" in out
+    lines = dict(re.findall(r"^\s+(image [^\n]*?)\s+time to first token\s+[\d.]+ ms\s+(hit|miss)", out, re.M))
+    assert lines == {"image A": "miss", "image A again": "hit", "image A, cropped": "hit",
+                     "image A, JPEG q75": lines.get("image A, JPEG q75"), "image B": "miss", "image B again": "hit"}, out
