@@ -1,7 +1,7 @@
 """SafeCache benchmarks: lookup latency, hit and false-hit rates on near-duplicates, HTTP transfer.
 
 1. Latency: LSH candidates + exact verification against a flat FAISS scan of every entry, on the same
-   index and queries (half near-duplicates of stored entries at cosine 0.9, half unrelated), at 10k,
+   index and queries (half near-duplicates of stored entries at cosine 0.95, above the 0.9 floor, half unrelated), at 10k,
    100k and 1M entries of dimension 512. End-to-end ``SafeCache.lookup`` at 10k and 100k too.
 2. Near-duplicate workload: generated scenes (3-6 shapes in random colours) are stored; queries are
    their near-duplicates (JPEG q75, a 5-pixel crop, a 0.71x down-and-up resize, a colour shift of up
@@ -33,6 +33,9 @@ from typing import Any
 import numpy as np
 
 DIM = 512
+#: Cosine of the latency benchmark's near-duplicate queries to their entry: clear of the floor, so both
+#: methods agree on what should hit and the comparison is about speed.
+NEAR_COSINE = 0.95
 
 
 def _near(rng: np.random.Generator, v: np.ndarray, cosine: float) -> np.ndarray:
@@ -67,7 +70,7 @@ def latency(sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000), queries: int 
         qs = []
         for j in range(queries):
             i = int(rng.integers(n))
-            qs.append(_near(rng, x[i], 0.9) if j % 2 == 0 else _near(rng, x[i], 0.0))
+            qs.append(_near(rng, x[i], NEAR_COSINE) if j % 2 == 0 else _near(rng, x[i], 0.0))
         # Each method runs over all queries on its own (a flat scan between LSH lookups would evict the
         # caches the LSH path relies on), after a few warm-up queries.
         lsh_t, flat_t, lsh_best, flat_best = [], [], [], []

@@ -75,6 +75,7 @@ def from_tensors(tensors: Mapping[str, torch.Tensor]) -> DynamicCache:
     other names (such as :data:`PREFIX_IDS`) are ignored. Continuing from it never changes ``tensors``."""
     import torch
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
 
     count = 0
     while f"layers.{count}.{_KEYS}" in tensors:
@@ -96,7 +97,9 @@ def from_tensors(tensors: Mapping[str, torch.Tensor]) -> DynamicCache:
             seen[i] = int(tensors[f"layers.{i}.{_SEEN}"])
     cache = DynamicCache(ddp_cache_data=data)
     for i, length in seen.items():  # update() counted only the tokens still inside the window
-        cache.layers[i].cumulative_length = length
+        layer = cache.layers[i]
+        assert isinstance(layer, DynamicSlidingWindowLayer)
+        layer.cumulative_length = length
     return cache
 
 

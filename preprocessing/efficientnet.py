@@ -87,6 +87,8 @@ def encoder_module(model: Any) -> Any:
             mean = torch.tensor(NET_MEAN).reshape(1, 3, 1, 1)
             std = torch.tensor(NET_STD).reshape(1, 3, 1, 1)
             # pixels * clip_std + clip_mean is the 0..1 image; (unit - mean) / std the network's input.
+            self.scale: torch.Tensor
+            self.shift: torch.Tensor
             self.register_buffer("scale", clip_std / std)
             self.register_buffer("shift", (clip_mean - mean) / std)
 
