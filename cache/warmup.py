@@ -40,7 +40,8 @@ def _keys_table(tables: StreamTables) -> Any:
 def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = None, *,
                     storage_options: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Append to ``<lake>/<stream>/cache_keys`` the LSH keys of feature rows not keyed yet under the
-    current LSH version. Returns (rows keyed, LSH versions used). Rerunning adds nothing."""
+    current LSH version of their width. Returns (rows keyed, LSH versions used: one per embedding
+    width). Rerunning adds nothing."""
     from deltalake import write_deltalake
 
     settings = settings or CacheSettings()
@@ -55,32 +56,35 @@ def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = Non
     done = scan(existing, ["record_id", "lsh_version"]).to_pylist()
     done_set = {(r["record_id"], r["lsh_version"]) for r in done}
 
-    # Delta has no fixed-size list type: the column reads back as list<float>. Rows whose length
-    # differs from the table's (or is null) get no key, like NaN and zero vectors.
+    # Delta has no fixed-size list type: the column reads back as list<float>. Operators of different
+    # widths (the trained image encoder's 1280, the text and audio encoders' 384) are keyed each with the
+    # LSH of their own width, as SafeCache keys each dimension; null or empty embeddings get no key, nor
+    # do NaN and zero vectors (they could only ever collide wrongly).
     column = table.column("embedding").combine_chunks()
-    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), -1))
-    dim = int(np.bincount(lengths[lengths > 0]).argmax()) if np.any(lengths > 0) else 0
-    if dim == 0:
-        return 0, []
-    same = lengths == dim
-    embeddings = np.zeros((len(lengths), dim), dtype=np.float32)
-    embeddings[same] = np.asarray(column.filter(pa.array(same)).flatten(), dtype=np.float32).reshape(-1, dim)
-    with np.errstate(invalid="ignore"):
-        norms = np.linalg.norm(embeddings, axis=1)
-    usable = same & np.isfinite(norms) & (norms > 0)
-    lsh = HyperplaneLSH(dim, bits=settings.lsh_bits, tables=settings.lsh_tables, seed=settings.lsh_seed)
-    units = np.zeros_like(embeddings)
-    units[usable] = embeddings[usable] / norms[usable, None]
-    keys = lsh.keys_batch(units)
-    rows = []
-    for i, row in enumerate(table.select(["record_id", "sample_id", "modality", "event_time"]).to_pylist()):
-        if not usable[i] or (row["record_id"], lsh.version) in done_set:
-            continue  # NaN or zero embeddings get no key: they could only ever collide wrongly
-        rows.append({**row, "lsh_version": lsh.version, "lsh_keys": [int(k) for k in keys[i]],
-                     "embedding_sha256": hashlib.sha256(units[i].tobytes()).hexdigest()})
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    flat = np.asarray(column.flatten(), dtype=np.float32)
+    meta = table.select(["record_id", "sample_id", "modality", "event_time"]).to_pylist()
+    rows, versions = [], []
+    for dim in sorted({int(n) for n in lengths if n > 0}):
+        at = np.flatnonzero(lengths == dim)
+        embeddings = np.stack([flat[starts[i]:starts[i + 1]] for i in at])
+        with np.errstate(invalid="ignore"):
+            norms = np.linalg.norm(embeddings, axis=1)
+        usable = np.isfinite(norms) & (norms > 0)
+        lsh = HyperplaneLSH(dim, bits=settings.lsh_bits, tables=settings.lsh_tables, seed=settings.lsh_seed)
+        units = np.zeros_like(embeddings)
+        units[usable] = embeddings[usable] / norms[usable, None]
+        keys = lsh.keys_batch(units)
+        versions.append(lsh.version)
+        for j, i in enumerate(at):
+            if not usable[j] or (meta[i]["record_id"], lsh.version) in done_set:
+                continue
+            rows.append({**meta[i], "lsh_version": lsh.version, "lsh_keys": [int(k) for k in keys[j]],
+                         "embedding_sha256": hashlib.sha256(units[j].tobytes()).hexdigest()})
     if rows:
         write_deltalake(existing, pa.Table.from_pylist(rows, schema=KEYS_SCHEMA), mode="append")
-    return len(rows), [lsh.version]
+    return len(rows), versions
 
 
 def new_drift_alarm(lake: str, stream: str, *, storage_options: dict[str, str] | None = None) -> bool:

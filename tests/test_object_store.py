@@ -131,7 +131,7 @@ def test_preprocess_drift_backfill_and_cache_warmup_on_s3(broker, new_topic, s3_
     assert rerun.rows == 0 and rerun.skipped_ranges == 1
     assert DeltaTable(f"{s3_settings.lake}/s/features", storage_options=options).version() == version + 1
     keyed, versions = precompute_keys(s3_settings.lake, "s", storage_options=options)
-    assert keyed == features.rows and len(versions) == 1
+    assert keyed == features.rows and len(versions) == 2  # image rows are 1280 wide, text and audio 384
     assert precompute_keys(s3_settings.lake, "s", storage_options=options)[0] == 0
     assert new_drift_alarm(s3_settings.lake, "s", storage_options=options) is bool(
         [r for r in _rows(s3_settings, "drift", ["alarm"]) if r["alarm"]])

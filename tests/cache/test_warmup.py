@@ -18,14 +18,14 @@ DIM = 16
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def write_features(lake: str, stream: str, embeddings: np.ndarray) -> None:
-    n = len(embeddings)
+def write_features(lake: str, stream: str, embeddings: np.ndarray, modality: str = "image", first: int = 0) -> None:
+    n, dim = embeddings.shape
     table = pa.table({
-        "record_id": [f"r{i}" for i in range(n)],
-        "sample_id": [f"s{i}" for i in range(n)],
-        "modality": ["image"] * n,
+        "record_id": [f"r{i}" for i in range(first, first + n)],
+        "sample_id": [f"s{i}" for i in range(first, first + n)],
+        "modality": [modality] * n,
         "event_time": pa.array([T0 + timedelta(seconds=i) for i in range(n)], pa.timestamp("us", tz="UTC")),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1), pa.float32()), DIM),
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1), pa.float32()), dim),
     })
     write_deltalake(f"{lake}/{stream}/features", table, mode="append")
 
@@ -38,8 +38,9 @@ def write_drift(lake: str, stream: str, window_end: datetime, alarm: bool) -> No
 
 def expected_keys(unit_vec: np.ndarray, settings: CacheSettings) -> list[int]:
     """The documented construction: seeded normal planes, one bit per plane sign, bit b = plane b."""
-    rng = np.random.default_rng([settings.lsh_seed, DIM, settings.lsh_bits, settings.lsh_tables])
-    planes = rng.standard_normal((settings.lsh_tables * settings.lsh_bits, DIM)).astype(np.float32)
+    dim = unit_vec.size
+    rng = np.random.default_rng([settings.lsh_seed, dim, settings.lsh_bits, settings.lsh_tables])
+    planes = rng.standard_normal((settings.lsh_tables * settings.lsh_bits, dim)).astype(np.float32)
     signs = (planes @ unit_vec.astype(np.float32) > 0).reshape(settings.lsh_tables, settings.lsh_bits)
     return [sum(1 << b for b in range(settings.lsh_bits) if row[b]) for row in signs]
 
@@ -61,6 +62,23 @@ def test_keys_for_feature_rows(tmp_path) -> None:
     write_features(lake, "s", np.stack([unit(rng, DIM) for _ in range(3)]))  # ids r0..r2 again
     assert precompute_keys(lake, "s", settings)[0] == 0
     assert precompute_keys(lake, "nothing-here", settings) == (0, [])
+
+
+def test_rows_of_each_width_are_keyed_with_the_lsh_of_their_width(tmp_path) -> None:
+    lake = str(tmp_path)
+    rng = np.random.default_rng(4)
+    narrow = np.stack([unit(rng, DIM) for _ in range(5)]).astype(np.float32)
+    wide = np.stack([unit(rng, 40) for _ in range(7)]).astype(np.float32)
+    write_features(lake, "s", narrow, "text")
+    write_features(lake, "s", wide, "image", first=100)  # a trained image encoder: other width
+    settings = CacheSettings()
+    keyed, versions = precompute_keys(lake, "s", settings)
+    assert keyed == 12 and len(versions) == 2 and {":d16:", ":d40:"} == {v[v.index(":d"):v.index(":b") + 1]
+                                                                         for v in versions}
+    rows = {r["record_id"]: r for r in DeltaTable(f"{lake}/s/cache_keys").to_pyarrow_table().to_pylist()}
+    assert rows["r0"]["lsh_keys"] == expected_keys(narrow[0], settings)
+    assert rows["r100"]["lsh_keys"] == expected_keys(wide[0], settings)
+    assert precompute_keys(lake, "s", settings)[0] == 0
 
 
 def test_each_drift_alarm_triggers_once(tmp_path) -> None:
