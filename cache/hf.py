@@ -70,9 +70,11 @@ def to_tensors(past_key_values: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def from_tensors(tensors: Mapping[str, torch.Tensor]) -> DynamicCache:
-    """A ``DynamicCache`` holding copies of the KV in ``tensors`` (as :func:`to_tensors` names them);
-    other names (such as :data:`PREFIX_IDS`) are ignored. Continuing from it never changes ``tensors``."""
+def from_tensors(tensors: Mapping[str, torch.Tensor], device: Any = None) -> DynamicCache:
+    """A ``DynamicCache`` holding copies of the KV in ``tensors`` (as :func:`to_tensors` names them),
+    on ``device`` if given (a SafeCache GPU tier may hand back tensors on another device than the
+    model's); other names (such as :data:`PREFIX_IDS`) are ignored. Continuing from it never changes
+    ``tensors``."""
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicSlidingWindowLayer
@@ -86,6 +88,8 @@ def from_tensors(tensors: Mapping[str, torch.Tensor]) -> DynamicCache:
     seen: dict[int, int] = {}
     for i in range(count):
         keys, values = tensors[f"layers.{i}.{_KEYS}"], tensors.get(f"layers.{i}.{_VALUES}")
+        if device is not None:
+            keys, values = keys.to(device), None if values is None else values.to(device)
         if values is None or values.shape[:-1] != keys.shape[:-1] or keys.dim() != 4:
             raise BadRequestError(f"layer {i}: keys {tuple(keys.shape)} and values "
                                   f"{None if values is None else tuple(values.shape)} are not a KV pair")
@@ -170,8 +174,10 @@ def reuse_prefix(model: Any, prefix_inputs: Mapping[str, Any], embedding: Any,
     found = _lookup(store, tenant, model_id, embedding, salt, min_similarity)
     if isinstance(found, Hit):
         stored_ids = found.tensors.get(PREFIX_IDS)
-        if stored_ids is not None and stored_ids.shape == input_ids.shape and bool((stored_ids == input_ids.cpu()).all()):
-            return Reused(from_tensors(found.tensors), True, found.similarity, found.id, "hit")
+        if stored_ids is not None and stored_ids.shape == input_ids.shape and \
+                bool((stored_ids.cpu() == input_ids.cpu()).all()):
+            return Reused(from_tensors(found.tensors, getattr(model, "device", None)), True, found.similarity,
+                          found.id, "hit")
         reason = "the entry's prefix token ids differ from the request's"
         similarity: float | None = found.similarity
     else:
