@@ -117,7 +117,9 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     print(f"  backfill {hour[0]}..{hour[1]}: {forced['rows']} rows recomputed; rerun rewrote {rerun['rows']} "
           f"({rerun['skipped_ranges']} day(s) already up to date)")
     drift = _drift(lake, stream, samples, shuffle_at)
-    captions = {p.sample_id: p.payload.decode() for p in parts if p.modality == "text"}
+    # What each image shows, from its caption: only captions before the pairing shuffle tell the truth.
+    captions = {p.sample_id: p.payload.decode() for p in parts
+                if p.modality == "text" and int(p.sample_id.rsplit("-", 1)[1]) < shuffle_at}
     cache = _cache(lake, stream, captions, alarm=drift["raised"])
 
     events = _lines(events_path) - events_before
@@ -213,8 +215,8 @@ def _cache(lake: str, stream: str, captions: dict[str, str], *, alarm: bool) -> 
     from mmlake.preprocessing.features import valid_rows
 
     ids, rows = valid_rows(StreamTables(lake, stream), "image", 400)
-    # What each image shows, from its caption ("a red circle on a dark background"; the first samples'
-    # captions are not shuffled). Stored: images of two of the three shapes.
+    # What each image shows, from its caption ("a red circle on a dark background"; ``captions`` holds
+    # those before the pairing shuffle only). Stored: images of two of the three shapes.
     shows = [tuple(captions.get(i, "").split()[1:3]) for i in ids]
     stored_at = [i for i, what in enumerate(shows) if len(what) == 2 and what[1] != "stripe"][:12]
     stored_kinds = {shows[i] for i in stored_at}
