@@ -137,13 +137,17 @@ def near_duplicates(sources: int = 200, novel: int = 200) -> dict[str, Any]:
     stored_emb = operator.encode(stored_png).embeddings
     query_emb = operator.encode(query_png).embeddings
 
+    def filled(settings: CacheSettings) -> tuple[SafeCache, dict[str, int]]:
+        """A cache holding the stored scenes, and entry id -> scene."""
+        cache, sources = SafeCache(settings), {}
+        for i, e in enumerate(stored_emb):
+            put = cache.put("bench", "vlm", e, {"k": torch.full((4,), float(i))})
+            if put.admitted and put.id:
+                sources[put.id] = i
+        return cache, sources
+
     settings = CacheSettings()
-    cache = SafeCache(settings)
-    entry_source: dict[str, int] = {}
-    for i, e in enumerate(stored_emb):
-        put = cache.put("bench", "vlm", e, {"k": torch.full((4,), float(i))})
-        if put.admitted and put.id:
-            entry_source[put.id] = i
+    cache, entry_source = filled(settings)
     exact = {hashlib.sha256(png).hexdigest(): i for i, png in enumerate(stored_png)}
     unit_stored = stored_emb / np.linalg.norm(stored_emb, axis=1, keepdims=True)
 
@@ -158,31 +162,24 @@ def near_duplicates(sources: int = 200, novel: int = 200) -> dict[str, Any]:
         return {"hit_rate": round(hits / len(near), 4), "false_hit_rate": round(false / len(queries), 4),
                 "hits": hits, "false_hits": false, "queries": len(queries), "hit_rate_by_augmentation": by_kind}
 
-    def answers(min_similarity: float | None) -> list[int | None]:
+    def answers(cache: SafeCache, sources: dict[str, int], min_similarity: float | None = None) -> list[int | None]:
         out = []
         for q in query_emb:
             got = cache.lookup("bench", "vlm", q, min_similarity=min_similarity)
-            out.append(entry_source.get(got.id) if isinstance(got, Hit) else None)
+            out.append(sources.get(got.id) if isinstance(got, Hit) else None)
         return out
 
     results: dict[str, Any] = {"default_threshold": settings.min_similarity}
-    results["safecache"] = score(answers(None))
+    results["safecache"] = score(answers(cache, entry_source))
     results["safecache"]["admitted"] = len(entry_source)
     # The floor itself swept (a server started with MMLAKE_CACHE_MIN_SIMILARITY=t): below the shipped
     # default a separate cache is built at each floor.
     sweep = {}
     for t in (0.8, 0.82, 0.85, 0.88, 0.9, 0.92, 0.95, 0.97):
         if t >= settings.min_similarity:
-            sweep[str(t)] = score(answers(t))
-            continue
-        lower = SafeCache(CacheSettings(min_similarity=t))
-        ids: dict[str, int] = {}
-        for i, e in enumerate(stored_emb):
-            put = lower.put("bench", "vlm", e, {"k": torch.full((4,), float(i))})
-            if put.admitted and put.id:
-                ids[put.id] = i
-        got = [lower.lookup("bench", "vlm", q) for q in query_emb]
-        sweep[str(t)] = score([ids.get(g.id) if isinstance(g, Hit) else None for g in got])
+            sweep[str(t)] = score(answers(cache, entry_source, t))
+        else:
+            sweep[str(t)] = score(answers(*filled(CacheSettings(min_similarity=t))))
     results["safecache_threshold_sweep"] = sweep
     results["exact_hash_vllm_style"] = score([exact.get(hashlib.sha256(png).hexdigest()) for png in query_png])
     flat = []

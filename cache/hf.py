@@ -24,7 +24,7 @@ next-token distribution).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -127,12 +127,17 @@ class Reused:
     stored: bool = False  # a miss whose KV was stored
 
 
+def _tenant(tenant: str | None) -> str:
+    """The tenant an in-process SafeCache needs (a client's token names it instead)."""
+    if tenant is None:
+        raise BadRequestError("an in-process SafeCache needs the tenant")
+    return tenant
+
+
 def _lookup(store: SafeCache | SafeCacheClient, tenant: str | None, model_id: str, embedding: Any,
             salt: str, min_similarity: float | None) -> Any:
     if isinstance(store, SafeCache):
-        if tenant is None:
-            raise BadRequestError("an in-process SafeCache needs the tenant")
-        return store.lookup(tenant, model_id, embedding, min_similarity=min_similarity, salt=salt)
+        return store.lookup(_tenant(tenant), model_id, embedding, min_similarity=min_similarity, salt=salt)
     return store.lookup(model_id, embedding, min_similarity=min_similarity, salt=salt)
 
 
@@ -145,9 +150,7 @@ def store_prefix(store: SafeCache | SafeCacheClient, kv: DynamicCache | Mapping[
     tensors = {**named, PREFIX_IDS: input_ids.detach().cpu().contiguous()}
     salt = prefix_salt(input_ids)
     if isinstance(store, SafeCache):
-        if tenant is None:
-            raise BadRequestError("an in-process SafeCache needs the tenant")
-        return store.put(tenant, model_id, embedding, tensors, ttl_s=ttl_s, salt=salt).admitted
+        return store.put(_tenant(tenant), model_id, embedding, tensors, ttl_s=ttl_s, salt=salt).admitted
     return bool(store.put(model_id, embedding, tensors, ttl_s=ttl_s, salt=salt).get("admitted"))
 
 
@@ -198,12 +201,16 @@ def next_logits(model: Any, cache: DynamicCache, input_ids: torch.Tensor) -> tor
     return out.logits[:, -1, :]
 
 
-def greedy(model: Any, cache: DynamicCache, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
+def greedy(model: Any, cache: DynamicCache, input_ids: torch.Tensor, max_new_tokens: int,
+           on_first: Callable[[], None] | None = None) -> tuple[list[int], torch.Tensor]:
     """Greedy decoding of one sequence after the prefix in ``cache``: the new token ids and the logits
-    of the first step (the ones time to first token waits for)."""
+    of the first step (the ones time to first token waits for; ``on_first`` is called once they are
+    there)."""
     import torch
 
     logits = next_logits(model, cache, input_ids)
+    if on_first is not None:
+        on_first()
     first = logits.clone()
     tokens: list[int] = []
     for _ in range(max_new_tokens):

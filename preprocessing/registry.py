@@ -249,7 +249,7 @@ class Registry:
             raise OperatorNotFoundError(f"unknown open_clip architecture {arch!r}")
         if weights:
             try:
-                ckpt = _file_sha256(Path(weights))
+                ckpt = file_sha256(Path(weights))
             except OSError as err:
                 raise OperatorNotFoundError(f"cannot read --clip-weights {weights}: {err}") from None
             tag = f"{arch.lower()}-{ckpt[:12]}"
@@ -308,7 +308,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "mmlake" / "operators"
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):

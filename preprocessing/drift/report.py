@@ -61,11 +61,6 @@ def untrained_modalities(tables: StreamTables) -> list[str] | None:
     return sorted(set(untrained.column("modality").to_pylist()))
 
 
-def encoder_trained(tables: StreamTables) -> bool | None:
-    """Whether every features row came from a trained encoder (None: no features yet)."""
-    untrained = untrained_modalities(tables)
-    return None if untrained is None else not untrained
-
 
 def save_plot(lake: str, stream: str, png: bytes | None) -> str | None:
     """On a local lake, the plot goes to ``<lake>/_plots/drift-<stream>.png``; its path, or None."""
