@@ -269,22 +269,14 @@ def count(summary: PreprocessSummary, rows: pa.Table) -> None:
         summary.by_operator[key] = summary.by_operator.get(key, 0) + 1
 
 
-def valid_embeddings(tables: StreamTables, modality: str, limit: int) -> np.ndarray:
-    """The first ``limit`` embeddings of ``modality`` in event-time order, from rows without an error,
-    as a float32 matrix (fewer rows if the table has fewer)."""
-    return valid_rows(tables, modality, limit)[1]
-
-
-def valid_rows(tables: StreamTables, modality: str, limit: int, op_name: str | None = None) -> tuple[list[str], np.ndarray]:
-    """(sample ids, embeddings) of the first ``limit`` rows of ``modality`` without an error, in event-time
-    order; with ``op_name``, only that operator's rows (a stream moved to another operator holds both)."""
+def valid_rows(tables: StreamTables, modality: str, limit: int) -> tuple[list[str], np.ndarray]:
+    """(sample ids, embeddings as a float32 matrix) of the first ``limit`` rows of ``modality`` without an
+    error, in event-time order (fewer rows if the table has fewer)."""
     dt = tables.open("features")
     if dt is None:
         raise InputError(f"stream {tables.stream!r} has no features table at {tables.uri('features')}")
-    table = scan(dt, ["sample_id", "record_id", "modality", "event_time", "embedding", "error_code", "op_name"])
+    table = scan(dt, ["sample_id", "record_id", "modality", "event_time", "embedding", "error_code"])
     keep = pc.and_(pc.equal(table.column("modality"), modality), pc.is_null(table.column("error_code")))
-    if op_name is not None:
-        keep = pc.and_(keep, pc.equal(table.column("op_name"), op_name))
     table = table.filter(keep).sort_by([("event_time", "ascending"), ("record_id", "ascending")]).slice(0, limit)
     ids = pc.coalesce(table.column("sample_id"), table.column("record_id")).to_pylist()
     return ids, np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)

@@ -277,7 +277,6 @@ class Registry:
             doc["defaults"][modality] = op_ref
         return Registry(doc, self.root, self.cache_dir)
 
-
     def _clip_operator(self, modality: str) -> OperatorSpec:
         """The modality's default operator if it is a CLIP one, else the latest registered CLIP operator."""
         default = self.operators[self.defaults[modality]]
