@@ -45,6 +45,8 @@ VOCAB = 320
 #: Image side for the vision tower (patch 14): 224 -> 256 image tokens, 336 -> 576.
 SIDES = {256: 224, 576: 336}
 MAX_BODY = 32 << 20
+#: Longest a request may take to arrive (a client that declares more bytes than it sends is cut off).
+BODY_TIMEOUT_S = 10.0
 
 
 def encode_text(text: str) -> list[int]:
@@ -153,6 +155,11 @@ class VisionLanguageServer:
         return torch.tensor([encode_text(f"\nUSER: {prompt}\nASSISTANT:")])
 
     def answer(self, image_bytes: bytes, prompt: str, max_new_tokens: int = 8) -> Answer:
+        prompt_ids = self.prompt_ids(prompt)
+        room = int(self.model.config.text_config.max_position_embeddings) - self.prefix_ids.shape[1] - max_new_tokens
+        if prompt_ids.shape[1] > room:
+            raise ValueError(f"the prompt is {prompt_ids.shape[1]} tokens; at most {room} fit after the image prefix "
+                             f"and {max_new_tokens} new tokens")
         with self._lock:
             started = time.perf_counter()
             embedding = self.embed(image_bytes)
@@ -165,7 +172,7 @@ class VisionLanguageServer:
                 cache, hit, similarity, reason = compute_prefix(self.model, inputs), False, None, "no cache"
             prefix_kv = None if hit or not self.use_cache else to_tensors(cache)  # before the cache grows
             first_at: list[float] = []
-            tokens, first = greedy(self.model, cache, self.prompt_ids(prompt), max_new_tokens,
+            tokens, first = greedy(self.model, cache, prompt_ids, max_new_tokens,
                                    on_first=lambda: first_at.append(time.perf_counter()))
             ttft = first_at[0] - started
             if prefix_kv is not None:  # a miss: the KV is stored after the answer, off the first token's path
@@ -175,6 +182,8 @@ class VisionLanguageServer:
 
 def make_handler(server: VisionLanguageServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = BODY_TIMEOUT_S  # socket timeout of every read
+
         def log_message(self, *args: Any) -> None:  # quiet
             pass
 

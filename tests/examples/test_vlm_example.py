@@ -151,23 +151,48 @@ def test_the_prefix_holds_the_image_tokens_and_the_kv_has_their_length(model, em
 
 def test_the_http_endpoint_answers_and_refuses_bad_requests_in_one_line(model, embedder) -> None:
     store = SafeCache(CacheSettings())
-    http = serve(VisionLanguageServer(model, store, embedder, tenant="t"))
+    server = VisionLanguageServer(model, store, embedder, tenant="t")
+    http = serve(server)
     url = f"http://127.0.0.1:{http.server_address[1]}/v1/generate"
     try:
         image = base64.b64encode(demo_images()["image B"]).decode()
         ok = httpx.post(url, json={"image": image, "prompt": "hello", "max_new_tokens": 3}, timeout=60)
         assert ok.status_code == 200 and len(ok.json()["tokens"]) == 3 and ok.json()["cache_hit"] is False
         for body in ({"image": "not base64!"}, {"prompt": "no image"}, {"image": base64.b64encode(b"junk").decode()},
-                     {"image": image, "max_new_tokens": 10_000}):
+                     {"image": image, "max_new_tokens": 10_000}, {"image": image, "prompt": "x" * 100_000},
+                     [1, 2], {"image": image, "max_new_tokens": "many"}):
             bad = httpx.post(url, content=json.dumps(body), timeout=60)
             assert bad.status_code == 400 and "\n" not in bad.json()["error"], body
         assert httpx.post(url, content=b"{", timeout=60).status_code == 400
     finally:
         http.shutdown()
-    assert isinstance(store.lookup("t", VisionLanguageServer(model, store, embedder).model_id,
-                                   ImageEmbedder()(demo_images()["image B"]),
-                                   salt=prefix_salt(VisionLanguageServer(model, store, embedder).prefix_ids)), Hit)
+    # The one good request stored its prefix under its image; nothing else was stored.
+    assert isinstance(store.lookup("t", server.model_id, embedder(demo_images()["image B"]),
+                                   salt=prefix_salt(server.prefix_ids)), Hit)
+    assert len(store.entries()) == 1
     assert isinstance(store.lookup("t", "another-model", np.ones(1280, np.float32)), Miss)
+
+
+def test_a_body_that_never_arrives_is_cut_off(model, embedder, monkeypatch) -> None:
+    import socket
+    import time
+
+    import examples.vlm_server as vlm
+
+    monkeypatch.setattr(vlm, "BODY_TIMEOUT_S", 1.0)
+    http = serve(VisionLanguageServer(model, SafeCache(CacheSettings()), embedder, tenant="t"))
+    try:
+        with socket.create_connection(("127.0.0.1", http.server_address[1]), timeout=20) as sock:
+            sock.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"ima")
+            started = time.monotonic()
+            answer = sock.recv(4096)
+            assert time.monotonic() - started < 10
+        assert answer == b"" or answer.startswith(b"HTTP/1.")  # closed, or a one-line refusal
+        ok = httpx.post(f"http://127.0.0.1:{http.server_address[1]}/v1/generate", timeout=60,
+                        json={"image": base64.b64encode(demo_images()["image B"]).decode(), "max_new_tokens": 1})
+        assert ok.status_code == 200  # the server goes on
+    finally:
+        http.shutdown()
 
 
 @pytest.mark.slow
