@@ -41,6 +41,34 @@ def broker_binary() -> str:
         raise BrokerStartError(f"no Tansu broker binary: {err}") from err
 
 
+def _accepts(host_port: str, deadline: float) -> str | None:
+    """None once ``host:port`` accepts a TCP connection before ``deadline``; else the last error."""
+    host, _, port = host_port.strip().rpartition(":")
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=1.0).close()
+            return None
+        except OSError as err:
+            last = err.strerror or str(err)
+            time.sleep(0.05)
+    return last
+
+
+def wait_for_listener(bootstrap: str, timeout_s: float) -> None:
+    """Return once some address of ``bootstrap`` accepts a TCP connection; a one-line
+    :class:`BrokerUnavailableError` when none does within ``timeout_s``. Enough for a client that sends
+    its own metadata request with a timeout next (librdkafka does), without kafka-python's import."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    for host_port in bootstrap.split(","):
+        problem = _accepts(host_port, deadline)
+        if problem is None:
+            return
+        last = problem
+    raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout_s:g}s ({last})")
+
+
 def wait_for_kafka(bootstrap: str, timeout_s: float) -> None:
     """Return once a Kafka broker answers a metadata request at ``bootstrap``.
 
@@ -52,15 +80,9 @@ def wait_for_kafka(bootstrap: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     last: str = "no answer"
     for host_port in bootstrap.split(","):
-        host, _, port = host_port.strip().rpartition(":")
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection((host or "127.0.0.1", int(port)), timeout=1.0).close()
-                break
-            except OSError as err:
-                last = err.strerror or str(err)
-                time.sleep(0.05)
-        else:
+        problem = _accepts(host_port, deadline)
+        if problem is not None:
+            last = problem
             continue
         remaining_ms = max(1000, int((deadline - time.monotonic()) * 1000))
         try:

@@ -27,6 +27,7 @@ contract refuses, or the future-time guard (event time against the record's Kafk
 from __future__ import annotations
 
 import contextlib
+import heapq
 import operator
 import random
 import threading
@@ -110,6 +111,9 @@ class _Batch:
     first_offset: dict[int, int]
     duplicates: int
     new_ids: dict[str, tuple[int, str]]
+    #: Each partition's max event time after this batch: the watermark state its commits record (the
+    #: run's own may have moved on, routing the next batch while this one commits).
+    max_event: dict[int, int | None]
 
 
 class IngestRun:
@@ -142,7 +146,7 @@ class IngestRun:
         self._dts: dict[str, DeltaTable] = {}
         self._committed: dict[str, dict[int, int]] = {}
         self._max_event: dict[int, int | None] = {}
-        self._seen: dict[str, tuple[int, str]] = {}  # record id -> (event time, payload SHA-256)
+        self._seen = _KnownIds()  # record id -> (event time, payload SHA-256)
         self._replayed: set[tuple[int, int]] = set()  # (partition, offset) of raw rows this run reads again
 
     # -- state ---------------------------------------------------------------------------------
@@ -181,9 +185,12 @@ class IngestRun:
         their records were routed the first time (see :meth:`_route`); they are known ids whatever their
         event time, since the horizon of this run, taken from the tables that trail, need not be the
         horizon the first attempt had."""
+        dt = self._dts["raw"]
+        if not dt.file_uris():  # a new stream (no rows yet): nothing to know, no scan to set up
+            self._seen, self._replayed = _KnownIds(), set()
+            return
         import pyarrow.dataset as ds
 
-        dt = self._dts["raw"]
         cutoff = self._horizon_us()
         expr = None
         if cutoff is not None:
@@ -195,7 +202,7 @@ class IngestRun:
                     expr = expr | ((ds.field("kafka_partition") == p) & (ds.field("kafka_offset") >= start)
                                    & (ds.field("kafka_offset") <= self._committed["raw"][p]))
         table = lake.scan(dt, ["record_id", "event_time", "payload_sha256", "kafka_partition", "kafka_offset"], expr)
-        self._seen = _known_ids(table)
+        self._seen = _KnownIds(_known_ids(table))
         self._replayed = {
             (p, o) for p, o in zip(table.column("kafka_partition").to_pylist(), table.column("kafka_offset").to_pylist(),
                                    strict=True)
@@ -213,8 +220,8 @@ class IngestRun:
 
     def _prune_seen(self) -> None:
         cutoff = self._horizon_us()
-        if cutoff is not None and self._seen:
-            self._seen = {rid: seen for rid, seen in self._seen.items() if seen[0] >= cutoff}
+        if cutoff is not None:
+            self._seen.forget_before(cutoff)
 
     # -- one batch -----------------------------------------------------------------------------
 
@@ -224,7 +231,8 @@ class IngestRun:
         (``undecodable_record``): no record stops the stream."""
         now_us = time.time_ns() // 1000
         rows = {name: _Columns(schema, self.topic, now_us) for name, (schema, _) in TABLES.items()}
-        accepted: list[tuple[int, int, int, Any, wire.Accepted]] = []  # sort key first
+        checked: list[tuple[int, int, int, Any, wire.Checked]] = []  # sort key first
+        late: list[tuple[Any, wire.Checked, int]] = []
         last: dict[int, int] = {}
         first: dict[int, int] = {}
         dlq_at, late_at, max_event, lateness = self._committed["dlq"], self._committed["late"], self._max_event, \
@@ -235,11 +243,11 @@ class IngestRun:
                 first[p] = offset
             last[p] = offset
             try:
-                result = self._decode(rec)
+                result = self._check(rec)
             except Exception as err:  # noqa: BLE001 - a bug must not become a poison pill
                 result = wire.Rejected(wire.Reason.UNDECODABLE_RECORD,
                                        f"routing failed: {type(err).__name__}: {err}".splitlines()[0])
-            if isinstance(result, wire.Rejected):
+            if type(result) is wire.Rejected:
                 if offset > dlq_at[p]:
                     rows["dlq"].add_rejected(rec, result)
                 continue
@@ -247,11 +255,17 @@ class IngestRun:
             mx = max_event.get(p)
             if mx is not None and t < mx - lateness:
                 if offset > late_at[p]:
-                    rows["late"].add_late(rec, result, mx - lateness)
+                    late.append((rec, result, mx - lateness))
                 continue
             if mx is None or t > mx:
                 max_event[p] = t
-            accepted.append((t, p, offset, rec, result))
+            checked.append((t, p, offset, rec, result))
+        # Digests for the whole batch at once (without the GIL where the native hasher was built).
+        done = wire.digest([c for *_, c in checked] + [c for _, c, _ in late],
+                           [entry[3].value for entry in checked] + [rec.value for rec, _, _ in late])
+        for (rec, _, watermark), acc in zip(late, done[len(checked):], strict=True):
+            rows["late"].add_late(rec, acc, watermark)
+        accepted = [(t, p, offset, rec, acc) for (t, p, offset, rec, _), acc in zip(checked, done[:len(checked)], strict=True)]
         # De-duplicate in event-time order, so the earliest copy is the one kept. A record id seen
         # before (in raw, or earlier in this batch) with the same payload is a duplicate; with other
         # bytes it is a conflict, dead-lettered. A record the run reads again (its offset is within
@@ -287,9 +301,9 @@ class IngestRun:
                 continue
             new_ids[acc.record_id] = (acc.event_time_us, acc.payload_sha256)
             raw_rows.add_accepted(rec, acc)
-        return _Batch(rows, last, first, duplicates, new_ids)
+        return _Batch(rows, last, first, duplicates, new_ids, {p: max_event.get(p) for p in last})
 
-    def _decode(self, rec: Any) -> wire.Accepted | wire.Rejected:
+    def _check(self, rec: Any) -> wire.Checked | wire.Rejected:
         """The record against the wire contract, with the future-time guard: its event time may lie at
         most ``max_future_skew`` past its Kafka timestamp (part of the record, so a re-read decides the
         same way), or, for a record without one, past the newest event time of its partition."""
@@ -300,38 +314,43 @@ class IngestRun:
         if reference is None:
             reference = self._max_event.get(rec.partition)
         not_after = None if reference is None else reference + self.skew_us
-        return wire.decode(rec.key, rec.value, rec.headers, max_payload_bytes=self.settings.max_payload_bytes,
-                           not_after_us=not_after)
+        return wire.check(rec.key, rec.value, rec.headers, max_payload_bytes=self.settings.max_payload_bytes,
+                          not_after_us=not_after)
 
-    def _commit(self, batch: _Batch) -> None:
-        """Commit the batch to raw, late and dlq, each with its offsets; raises CommitRaceLost."""
+    def _commit(self, batch: _Batch) -> dict[str, int]:
+        """Commit the batch to raw, late and dlq, each with its offsets; the rows each table took (a
+        table that held the batch's offsets already takes none). Raises CommitRaceLost. Runs on the
+        commit thread while the next batch is routed: it touches the tables and their offsets only."""
+        appended: dict[str, int] = {}
         for name in TABLES:
             if not self._must_commit(name, batch):
                 continue
             data = batch.rows[name].table()
-            appended = self._append(name, data, batch.last_offset)
-            if name == "raw":  # committed now, or held already: the batch's records are known ids
-                self._seen.update(batch.new_ids)
-            if not appended:
-                continue
-            if name == "dlq":
-                self.summary.dead_lettered += data.num_rows
-            elif name == "late":
-                self.summary.late += data.num_rows
-            else:
-                self.summary.accepted += data.num_rows
-                self.summary.duplicates += batch.duplicates
-                self.summary.payload_bytes += batch.rows["raw"].payload_bytes()
-        for p, last in batch.last_offset.items():
-            span = self.summary.offsets.setdefault(p, [batch.first_offset[p], last])
-            span[1] = last
+            if self._append(name, data, batch.last_offset, batch.max_event):
+                appended[name] = data.num_rows
+        return appended
 
-    def _append(self, table: str, data: pa.Table, last_offset: dict[int, int]) -> bool:
+    def _account(self, batch: _Batch, appended: dict[str, int]) -> None:
+        """The summary after ``batch`` committed (``appended``: what :meth:`_commit` returned)."""
+        summary = self.summary
+        summary.dead_lettered += appended.get("dlq", 0)
+        summary.late += appended.get("late", 0)
+        if "raw" in appended:
+            summary.accepted += appended["raw"]
+            summary.duplicates += batch.duplicates
+            summary.payload_bytes += batch.rows["raw"].payload_bytes()
+        for p, last in batch.last_offset.items():
+            span = summary.offsets.setdefault(p, [batch.first_offset[p], last])
+            span[1] = last
+        summary.batches += 1
+
+    def _append(self, table: str, data: pa.Table, last_offset: dict[int, int],
+                max_event: dict[int, int | None] | None = None) -> bool:
         """One exactly-once commit to ``table``: ``data`` plus the txn actions moving its offsets (and
-        watermark state) to ``last_offset``. False when the table already holds those offsets.
-        Raises CommitRaceLost when another writer got there first."""
+        watermark state: ``max_event``, default the run's) to ``last_offset``. False when the table
+        already holds those offsets. Raises CommitRaceLost when another writer got there first."""
         expect = {offset_app_id(self.topic, p): self._committed[table][p] for p in last_offset}
-        txns = self._offset_txns(table, last_offset)
+        txns = self._offset_txns(table, last_offset, self._max_event if max_event is None else max_event)
         if txns:
             crash_point(f"before_commit:{table}")
         done = lake.commit(self._dts[table], data, txns=txns, expect=expect,
@@ -351,14 +370,15 @@ class IngestRun:
         lag = max(last - self._committed[table][p] for p, last in batch.last_offset.items())
         return lag > self.settings.side_table_lag_records
 
-    def _offset_txns(self, table: str, last_offset: dict[int, int]) -> dict[str, int]:
+    def _offset_txns(self, table: str, last_offset: dict[int, int],
+                     max_event: dict[int, int | None]) -> dict[str, int]:
         """The txn versions that move ``table``'s offsets (and watermark state) to ``last_offset``."""
         txns: dict[str, int] = {}
         for p, last in last_offset.items():
             if last <= self._committed[table][p]:
                 continue
             txns[offset_app_id(self.topic, p)] = last
-            mx = self._max_event.get(p)
+            mx = max_event.get(p)
             if mx is not None:
                 txns[max_event_app_id(self.topic, p)] = mx
         return txns
@@ -401,10 +421,15 @@ class IngestRun:
         return self.summary
 
     def _loop(self, source: KafkaSource, assigned: list[int], all_partitions: list[int]) -> None:
-        """Fetch, route and commit micro-batches. The next batch is fetched while this one is routed
-        and committed; the source is touched by one fetch at a time."""
+        """Fetch, route and commit micro-batches, three at a time: while one batch is committed (on
+        the commit thread: building its Arrow tables, then delta-rs writing them without the GIL), the
+        next is routed and the one after it fetched. A batch's commits start only once the previous
+        batch's have succeeded; when those lost a race, the batch routed meanwhile is dropped with it
+        and both are read again. The source is touched by one fetch at a time."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
         settings = self.settings
-        read = 0
+        committed_records = routed_records = 0
 
         def room_after(consumed: int) -> int:
             room = settings.batch_max_records
@@ -415,23 +440,51 @@ class IngestRun:
         def fetch(consumed: int) -> Any:
             return source.submit_fetch(room_after(consumed), settings.batch_max_bytes, settings.idle_timeout_s)
 
-        pending: Any = None
+        pending: Any = None  # the next fetch
+        inflight: tuple[Future[dict[str, int]], _Batch, list[Any], int | None] | None = None  # the batch committing
         streak = 0  # consecutive lost commit races: the limit is per micro-batch, not per run
+
+        def settle() -> None:
+            """Wait for the batch in flight; raises CommitRaceLost when its commits lost a race."""
+            nonlocal inflight, streak, committed_records
+            if inflight is None:
+                return
+            future, batch, records, watermark = inflight
+            inflight = None
+            try:
+                appended = future.result()
+            except MmlakeError:
+                raise
+            except Exception as err:
+                raise IngestError(f"ingest of {self.topic!r} into {self.stream!r} failed on "
+                                  f"{_spans(records)}: {type(err).__name__}: {err}".splitlines()[0]) from err
+            streak = 0
+            committed_records += len(records)
+            self._account(batch, appended)
+            if watermark is not None:
+                self.summary.watermark_us = watermark
+            if self.on_batch is not None:
+                self.on_batch(self.summary)
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmlake-commit")
         try:
-            while not self.stop.is_set():
-                if pending is None:
-                    if room_after(read) <= 0:
-                        break
-                    pending = fetch(read)
-                records, pending = pending.result(), None
-                if not records:
-                    if source.done():
-                        break
-                    continue
-                if room_after(read + len(records)) > 0 and not source.done():
-                    pending = fetch(read + len(records))
+            while True:
+                records: list[Any] = []
+                finished = self.stop.is_set()
+                if not finished:
+                    if pending is None and room_after(routed_records) <= 0:
+                        finished = True
+                    else:
+                        if pending is None:
+                            pending = fetch(routed_records)
+                        records, pending = pending.result(), None
+                        if not records:
+                            finished = source.done()
+                        elif room_after(routed_records + len(records)) > 0 and not source.done():
+                            pending = fetch(routed_records + len(records))
                 try:
-                    self._commit(self._route(records))
+                    batch = self._route(records) if records else None
+                    settle()
                 except CommitRaceLost:
                     _drain(pending)
                     pending = None
@@ -446,30 +499,43 @@ class IngestRun:
                     self.stop.wait(random.uniform(0, min(1.0, 0.02 * 2**streak)))
                     resume = self._load_state(all_partitions, assigned)
                     source.seek({p: resume[p] for p in assigned})
+                    routed_records = committed_records
                     continue
                 except MmlakeError:
                     raise
                 except Exception as err:
                     raise IngestError(f"ingest of {self.topic!r} into {self.stream!r} failed on "
                                       f"{_spans(records)}: {type(err).__name__}: {err}".splitlines()[0]) from err
-                streak = 0
-                read += len(records)
-                self.summary.batches += 1
+                if batch is None:
+                    if finished:
+                        break
+                    continue
+                routed_records += len(records)
+                # Known ids from here (the next batch is routed against them); a lost race reloads them.
+                self._seen.add(batch.new_ids)
                 self._prune_seen()
-                self._update_watermark(assigned)
-                if self.on_batch is not None:
-                    self.on_batch(self.summary)
+                inflight = (pool.submit(self._commit, batch), batch, records, self._watermark(assigned))
         finally:
             _drain(pending)
+            if inflight is not None:  # leaving on an error: let the commit under way finish first
+                _drain(inflight[0])
+            pool.shutdown(wait=True)
 
-    def _update_watermark(self, assigned: Iterable[int]) -> None:
+    def _watermark(self, assigned: Iterable[int]) -> int | None:
+        """The stream watermark after the batches routed so far (None until every partition has one)."""
         known = [self._max_event.get(p) for p in assigned]
         if known and all(m is not None for m in known):
-            self.summary.watermark_us = min(m for m in known if m is not None) - self.lateness_us
+            return min(m for m in known if m is not None) - self.lateness_us
+        return None
+
+    def _update_watermark(self, assigned: Iterable[int]) -> None:
+        watermark = self._watermark(assigned)
+        if watermark is not None:
+            self.summary.watermark_us = watermark
 
 
 @contextlib.contextmanager
-def _fewer_collections(gen0: int = 50_000) -> Iterator[None]:
+def _fewer_collections(gen0: int = 500_000) -> Iterator[None]:
     """Run the ingest loop with the cyclic garbage collector's first generation at ``gen0`` allocations
     (default 700). Each record allocates a few tuples and lists that do not form cycles; at the default,
     collections ran every ~100 records and cost ~8% of a text run. The previous thresholds come back
@@ -482,6 +548,33 @@ def _fewer_collections(gen0: int = 50_000) -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*before)
+
+
+class _KnownIds(dict[str, tuple[int, str]]):
+    """Record id -> (event time, payload SHA-256) of the ids de-duplication knows, with a heap of
+    (event time, id) beside it, so forgetting those before the horizon after each batch costs what is
+    forgotten, not a pass over all that is known (that pass, over a horizon's worth of ids per batch,
+    was the largest single cost of a long run)."""
+
+    def __init__(self, known: dict[str, tuple[int, str]] | None = None) -> None:
+        super().__init__(known or {})
+        self._heap = [(seen[0], rid) for rid, seen in self.items()]
+        heapq.heapify(self._heap)
+
+    def add(self, ids: dict[str, tuple[int, str]]) -> None:
+        self.update(ids)
+        heap = self._heap
+        for rid, seen in ids.items():
+            heapq.heappush(heap, (seen[0], rid))
+
+    def forget_before(self, cutoff: int) -> None:
+        """Forget every id whose event time is before ``cutoff``."""
+        heap = self._heap
+        while heap and heap[0][0] < cutoff:
+            _, rid = heapq.heappop(heap)
+            seen = self.get(rid)
+            if seen is not None and seen[0] < cutoff:  # else: known again since, with a later time
+                del self[rid]
 
 
 def _known_ids(table: pa.Table) -> dict[str, tuple[int, str]]:
@@ -605,27 +698,11 @@ class _Columns:
             values = data[f.name]
             if f.name == "payload" and "event_time" in data:  # never null in raw and late
                 arrays.append(_binary_array(values))
-            elif f.name == "headers":
-                arrays.append(_headers_array(values))
+            elif f.name == "headers":  # lists of (key, value) pairs: Arrow takes tuples for structs
+                arrays.append(pa.array(values, type=HEADERS_TYPE))
             else:
                 arrays.append(pa.array(values, type=_storage_type(f.type)).cast(f.type))
         return pa.Table.from_arrays(arrays, schema=self.schema)
-
-
-def _headers_array(values: list[list[tuple[str, bytes]]]) -> pa.Array:
-    """Kafka headers as ``list<struct<key, value>>``, built from flat columns (no dict per header)."""
-    offsets = [0]
-    keys: list[str] = []
-    vals: list[bytes] = []
-    for headers in values:
-        for key, value in headers:
-            keys.append(key)
-            vals.append(value)
-        offsets.append(len(keys))
-    items = pa.StructArray.from_arrays(
-        [pa.array(keys, pa.string()), pa.array(vals, pa.binary())], fields=list(HEADERS_TYPE.value_type)
-    )
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items, type=HEADERS_TYPE)
 
 
 def _binary_array(values: list[bytes]) -> pa.Array:

@@ -118,25 +118,24 @@ def _headers(message: Any) -> list[tuple[str, bytes | None]] | None:
     builds a header key that is not UTF-8 as a tuple with a missing (NULL) item: it raises
     ``SystemError`` on the first call, but another header after it can clear that error, and a cached
     list comes back on a later call; touching the missing item crashes the process. So the tuples'
-    items are counted (``gc.get_referents`` skips a NULL) before any is unpacked."""
+    items are counted (``gc.get_referents`` skips a NULL) before any is unpacked. Each check is one
+    C-level pass over the headers (this runs once per record)."""
     try:
         raw = message.headers()
         if not raw:
             return []
-        # Every tuple's items, as the garbage collector sees them: a NULL item is skipped (one C call).
-        # A decoding error the binding left pending surfaces here, inside the try.
-        if any(type(item) is not tuple or len(item) != 2 for item in raw) or \
+        # Every item a pair, and every pair's items, as the garbage collector sees them: a NULL item is
+        # skipped. A decoding error the binding left pending surfaces here, inside the try.
+        if set(map(type, raw)) != _TUPLE or set(map(len, raw)) != _PAIR or \
                 len(gc.get_referents(*raw)) != 2 * len(raw):
             return None
+        # Every key a str (join refuses anything else) that survives UTF-8 (a key decoded with
+        # surrogates would not survive the table either).
+        "".join([name for name, _ in raw]).encode("utf-8")
     except Exception:  # noqa: BLE001 - SystemError or UnicodeDecodeError for a key that is not UTF-8
         return None
-    out = []
-    for name, value in raw:
-        if type(name) is not str:
-            return None
-        try:
-            name.encode("utf-8")  # a key decoded with surrogates would not survive the table either
-        except UnicodeEncodeError:
-            return None
-        out.append((name, value))
-    return out
+    return list(raw)
+
+
+_TUPLE = {tuple}
+_PAIR = {2}

@@ -71,7 +71,7 @@ def default_record_id(modality: str, event_time_us: int, payload: bytes) -> str:
     Hex SHA-256 of ``modality``, NUL, the event time as decimal UTC epoch microseconds, NUL, then the
     payload bytes. Two spellings of one instant (RFC 3339 or epoch ms) give the same id.
     """
-    digest = hashlib.sha256(b"%b\x00%d\x00" % (modality.encode(), event_time_us))
+    digest = hashlib.sha256(_id_prefix(modality, event_time_us))
     digest.update(payload)
     return digest.hexdigest()
 
@@ -155,6 +155,17 @@ _PAYLOAD_CHECKS = {
 }
 
 
+class Checked(NamedTuple):
+    """A record that meets the contract, before its digests: :func:`digest` makes it :class:`Accepted`.
+    ``record_id`` and ``sample_id`` are the headers' (or the key's) when the record names them."""
+
+    record_id: str | None
+    sample_id: str | None
+    modality: str
+    content_type: str
+    event_time_us: int
+
+
 def decode(
     key: bytes | None,
     value: bytes | None,
@@ -168,15 +179,34 @@ def decode(
     ``not_after_us``: the latest event time accepted (the future-time guard: the engine passes the
     record's Kafka timestamp plus the allowed skew); None: no bound but the supported range.
     """
+    result = check(key, value, headers, max_payload_bytes=max_payload_bytes, not_after_us=not_after_us)
+    if isinstance(result, Rejected):
+        return result
+    assert value is not None  # a checked record has a value
+    return digest([result], [value])[0]
+
+
+def check(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    *,
+    max_payload_bytes: int,
+    not_after_us: int | None = None,
+) -> Checked | Rejected:
+    """:func:`decode` without the digests: the engine hashes the accepted records of a batch at once
+    (:func:`digest`). Runs once per record: the common case (UTF-8 headers, epoch-millisecond event
+    time, a text payload) takes no detour; anything else is judged by the same rules, spelled out."""
     if value is None:
         return Rejected(Reason.MISSING_VALUE, "the record has no value (a tombstone)")
     payload = value
-    fields: dict[str, str] = _header_map(headers)  # type: ignore[assignment]  # decoded in place below
-    try:
-        for name, raw in fields.items():
-            fields[name] = raw.decode("utf-8")  # type: ignore[attr-defined]
-    except UnicodeDecodeError:
-        return Rejected(Reason.BAD_HEADER, "a header value is not UTF-8")
+    try:  # every value present and UTF-8: one comprehension
+        fields: dict[str, str] = {name.lower(): raw.decode("utf-8") for name, raw in headers}
+    except (AttributeError, UnicodeDecodeError):  # a null value (it unsets) or one not UTF-8
+        decoded = _decoded_headers(headers)
+        if decoded is None:
+            return Rejected(Reason.BAD_HEADER, "a header value is not UTF-8")
+        fields = decoded
     if key is not None:
         try:
             key_text: str | None = key.decode("utf-8")
@@ -188,12 +218,17 @@ def decode(
     raw_time = fields.get(HEADER_EVENT_TIME)
     if raw_time is None:
         return Rejected(Reason.MISSING_EVENT_TIME, f"header {HEADER_EVENT_TIME} is missing")
-    try:
-        event_time_us = parse_event_time(raw_time)
-    except EventTimeOutOfRange as err:
-        return Rejected(Reason.EVENT_TIME_OUT_OF_RANGE, f"header {HEADER_EVENT_TIME}: {err}")
-    except ValueError as err:
-        return Rejected(Reason.BAD_EVENT_TIME, f"header {HEADER_EVENT_TIME} is unusable: {err}")
+    # Epoch milliseconds of at most 13 ASCII digits (up to year 2286) are in range whatever they say:
+    # read here; everything else by parse_event_time.
+    if len(raw_time) <= 13 and raw_time.isascii() and raw_time.isdigit():
+        event_time_us = int(raw_time) * 1000
+    else:
+        try:
+            event_time_us = parse_event_time(raw_time)
+        except EventTimeOutOfRange as err:
+            return Rejected(Reason.EVENT_TIME_OUT_OF_RANGE, f"header {HEADER_EVENT_TIME}: {err}")
+        except ValueError as err:
+            return Rejected(Reason.BAD_EVENT_TIME, f"header {HEADER_EVENT_TIME} is unusable: {err}")
     if not_after_us is not None and event_time_us > not_after_us:
         return Rejected(Reason.EVENT_TIME_IN_FUTURE,
                         f"event time {format_us(event_time_us)} is beyond {format_us(not_after_us)}, the latest "
@@ -221,12 +256,60 @@ def decode(
             f"content-type {declared!r} does not fit modality {modality!r}",
         )
 
-    check, reason = _PAYLOAD_CHECKS[modality]
-    problem = check(payload)
+    check_payload, reason = _PAYLOAD_CHECKS[modality]
+    problem = check_payload(payload)
     if problem is not None:
         return Rejected(reason, f"{modality} payload does not decode: {problem}")
 
     content_type = declared or sniff_content_type(modality, payload) or "application/octet-stream"
-    record_id = fields.get(HEADER_RECORD_ID) or default_record_id(modality, event_time_us, payload)
-    sample_id = fields.get(HEADER_SAMPLE_ID) or key_text or record_id
-    return Accepted(record_id, sample_id, modality, content_type, event_time_us, hashlib.sha256(payload).hexdigest())
+    return Checked(fields.get(HEADER_RECORD_ID) or None, fields.get(HEADER_SAMPLE_ID) or key_text or None, modality,
+                   content_type, event_time_us)
+
+
+def _decoded_headers(headers: Headers) -> dict[str, str] | None:
+    """The headers by lower-case name, values decoded; None when a value that counts is not UTF-8."""
+    out: dict[str, str] = {}
+    try:
+        for name, raw in _header_map(headers).items():
+            out[name] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return out
+
+
+def digest(checked: Sequence[Checked], payloads: Sequence[bytes]) -> list[Accepted]:
+    """The checked records with their digests: each payload's SHA-256 and, where the record names no
+    ``mm-record-id``, :func:`default_record_id`. One call per batch: the native hasher (where it was
+    built, see :mod:`mmlake.ingest._digest`) hashes the whole batch without the GIL."""
+    prefixes = [None if c.record_id else _id_prefix(c.modality, c.event_time_us) for c in checked]
+    ids, shas = sha256_many(prefixes, payloads)
+    out = []
+    for c, rid, sha in zip(checked, ids, shas, strict=True):
+        record_id = c.record_id or rid
+        assert record_id is not None
+        out.append(Accepted(record_id, c.sample_id or record_id, c.modality, c.content_type, c.event_time_us, sha))
+    return out
+
+
+def _id_prefix(modality: str, event_time_us: int) -> bytes:
+    return b"%b\x00%d\x00" % (modality.encode(), event_time_us)
+
+
+def _sha256_many_py(prefixes: Sequence[bytes | None], payloads: Sequence[bytes]) -> tuple[list[str | None], list[str]]:
+    """For each payload: the hex SHA-256 of ``prefix + payload`` (None where the prefix is None), and
+    the hex SHA-256 of the payload alone."""
+    ids: list[str | None] = []
+    for prefix, payload in zip(prefixes, payloads, strict=True):
+        if prefix is None:
+            ids.append(None)
+        else:
+            h = hashlib.sha256(prefix)
+            h.update(payload)
+            ids.append(h.hexdigest())
+    return ids, [hashlib.sha256(payload).hexdigest() for payload in payloads]
+
+
+try:
+    from mmlake.ingest._digest import sha256_many
+except ImportError:  # not built (no C compiler or libcrypto where it was installed): the same in Python
+    sha256_many = _sha256_many_py
