@@ -14,7 +14,7 @@ PACKAGE_DIRS := mmlake ingest preprocessing preprocessing/drift lineage cache fl
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml $(PACKAGE_DIRS) ingest/_digest.c
+$(STAMP): pyproject.toml $(PACKAGE_DIRS) ingest/_native.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[dev]' $(EDITABLE)
 	@touch $(STAMP)

@@ -706,17 +706,25 @@ class _Columns:
 
 
 def _binary_array(values: list[bytes]) -> pa.Array:
-    """A binary array built with one copy of the bytes (``pa.array`` regrows its buffer many times)."""
+    """A binary array built with one copy of the bytes, into a buffer of Arrow's allocator, which keeps
+    its pages from batch to batch (``b"".join`` faulted in fresh ones every batch: most of the cost of
+    a batch of images; ``pa.array`` regrows its buffer many times)."""
     import numpy as np
 
     lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] >= 2**31:
+    total = int(offsets[-1])
+    if total >= 2**31:
         return pa.array(values, type=pa.large_binary()).cast(pa.binary())
-    return pa.Array.from_buffers(
-        pa.binary(), len(values), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values))]
-    )
+    data = pa.allocate_buffer(total)
+    if wire._native is not None:
+        wire._native.gather(values, data)
+    else:
+        view = memoryview(data).cast("B")  # type: ignore[arg-type]
+        for value, start, end in zip(values, offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+            view[start:end] = value
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets.astype(np.int32)), data])
 
 
 def _storage_type(t: pa.DataType) -> pa.DataType:

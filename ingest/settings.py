@@ -24,7 +24,7 @@ class IngestSettings(LakeSettings):
         description="Kafka bootstrap servers, comma separated (`mmlake broker` listens here by default).",
     )
     kafka_client: Literal["kafka-python", "confluent-kafka"] = Field(
-        "kafka-python",
+        "confluent-kafka",
         description="The Kafka client ingest reads with: `kafka-python` (pure Python) or `confluent-kafka` "
         "(librdkafka: fetching and decoding in C threads). Same records, same tables.",
     )

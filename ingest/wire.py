@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import struct
+import sys
 from collections.abc import Sequence
 from enum import Enum
 from typing import NamedTuple
@@ -107,8 +109,12 @@ def _check_image(payload: bytes) -> str | None:
         with Image.open(io.BytesIO(payload)) as img:
             img.verify()
     except Exception as err:  # Pillow raises many types for bad bytes
-        return f"{type(err).__name__}: {err}".splitlines()[0]
+        # Without the "<_io.BytesIO object at 0x...>" Pillow names: the same bytes, the same message.
+        return _OBJECT_AT.sub("", f"{type(err).__name__}: {err}".splitlines()[0]).rstrip()
     return None
+
+
+_OBJECT_AT = re.compile(r" ?<[^<>]* object at 0x[0-9a-fA-F]+>")
 
 
 def _check_wav(payload: bytes) -> str | None:
@@ -195,8 +201,13 @@ def check(
     not_after_us: int | None = None,
 ) -> Checked | Rejected:
     """:func:`decode` without the digests: the engine hashes the accepted records of a batch at once
-    (:func:`digest`). Runs once per record: the common case (UTF-8 headers, epoch-millisecond event
-    time, a text payload) takes no detour; anything else is judged by the same rules, spelled out."""
+    (:func:`digest`). Runs once per record: a plain text record is recognised by the native module
+    where it was built (``ingest/_native.c``: it accepts only what the rules below accept, and computes
+    what they would); every other record, and every record without it, is judged here, rule by rule."""
+    if _native is not None:
+        plain = _native.check_text(key, value, headers, min(max_payload_bytes, sys.maxsize), not_after_us)
+        if plain is not None:
+            return plain  # type: ignore[no-any-return]
     if value is None:
         return Rejected(Reason.MISSING_VALUE, "the record has no value (a tombstone)")
     payload = value
@@ -279,15 +290,19 @@ def _decoded_headers(headers: Headers) -> dict[str, str] | None:
 
 def digest(checked: Sequence[Checked], payloads: Sequence[bytes]) -> list[Accepted]:
     """The checked records with their digests: each payload's SHA-256 and, where the record names no
-    ``mm-record-id``, :func:`default_record_id`. One call per batch: the native hasher (where it was
-    built, see :mod:`mmlake.ingest._digest`) hashes the whole batch without the GIL."""
-    prefixes = [None if c.record_id else _id_prefix(c.modality, c.event_time_us) for c in checked]
-    ids, shas = sha256_many(prefixes, payloads)
+    ``mm-record-id``, :func:`default_record_id`. One call per batch: the native module (where it was
+    built, see ``ingest/_native.c``) hashes the whole batch without the GIL."""
+    if _native is not None:
+        return _native.accept_many(checked, payloads)  # type: ignore[no-any-return]
+    return _digest_py(checked, payloads)
+
+
+def _digest_py(checked: Sequence[Checked], payloads: Sequence[bytes]) -> list[Accepted]:
     out = []
-    for c, rid, sha in zip(checked, ids, shas, strict=True):
-        record_id = c.record_id or rid
-        assert record_id is not None
-        out.append(Accepted(record_id, c.sample_id or record_id, c.modality, c.content_type, c.event_time_us, sha))
+    for c, payload in zip(checked, payloads, strict=True):
+        record_id = c.record_id or default_record_id(c.modality, c.event_time_us, payload)
+        out.append(Accepted(record_id, c.sample_id or record_id, c.modality, c.content_type, c.event_time_us,
+                            hashlib.sha256(payload).hexdigest()))
     return out
 
 
@@ -295,21 +310,9 @@ def _id_prefix(modality: str, event_time_us: int) -> bytes:
     return b"%b\x00%d\x00" % (modality.encode(), event_time_us)
 
 
-def _sha256_many_py(prefixes: Sequence[bytes | None], payloads: Sequence[bytes]) -> tuple[list[str | None], list[str]]:
-    """For each payload: the hex SHA-256 of ``prefix + payload`` (None where the prefix is None), and
-    the hex SHA-256 of the payload alone."""
-    ids: list[str | None] = []
-    for prefix, payload in zip(prefixes, payloads, strict=True):
-        if prefix is None:
-            ids.append(None)
-        else:
-            h = hashlib.sha256(prefix)
-            h.update(payload)
-            ids.append(h.hexdigest())
-    return ids, [hashlib.sha256(payload).hexdigest() for payload in payloads]
-
-
 try:
-    from mmlake.ingest._digest import sha256_many
-except ImportError:  # not built (no C compiler or libcrypto where it was installed): the same in Python
-    sha256_many = _sha256_many_py
+    from mmlake.ingest import _native
+except ImportError:  # not built (no C compiler or libcrypto where it was installed): Python does it all
+    _native = None
+else:
+    _native.configure(Checked, Accepted)
