@@ -16,6 +16,9 @@
  * its allocator keeps the pages between batches, where bytes.join faulted in fresh ones every batch),
  * copied without the GIL.
  *
+ * headers_ok(headers): whether confluent-kafka's headers of a message can be read (see
+ * mmlake.ingest.recovery._headers, which checks the same in Python without the module).
+ *
  * configure(Checked, Accepted) gives the module the two named-tuple classes it builds. Built where a
  * C compiler and libcrypto are found; otherwise wire.py does all of this in Python (the tests compare).
  */
@@ -382,6 +385,33 @@ done:
     return result;
 }
 
+/* ---- headers_ok --------------------------------------------------------------------------------- */
+
+static PyObject *headers_ok(PyObject *self, PyObject *raw) {
+    /* The binding may return the headers with its decoding error still set. A call to a built-in like
+     * this one is not checked for that once the interpreter has specialised it: raise the error here,
+     * where the caller's try expects it, not at some later call. */
+    if (PyErr_Occurred()) return NULL;
+    PyObject *items = PySequence_Fast(raw, "headers must be a sequence");
+    if (items == NULL) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    int ok = 1;
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(items); i++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 || PyTuple_GET_ITEM(pair, 0) == NULL ||
+            PyTuple_GET_ITEM(pair, 1) == NULL || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))) {
+            ok = 0;
+        } else if (PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), NULL) == NULL) {
+            PyErr_Clear(); /* a key holding surrogates */
+            ok = 0;
+        }
+    }
+    Py_DECREF(items);
+    return PyBool_FromLong(ok);
+}
+
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *checked, *accepted;
     if (!PyArg_ParseTuple(args, "O!O!:configure", &PyType_Type, &checked, &PyType_Type, &accepted)) return NULL;
@@ -403,15 +433,27 @@ static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS,
      "gather(values, target) -> int: the values' bytes one after another into the writable buffer target, "
      "copied without the GIL; how many bytes."},
+    {"headers_ok", headers_ok, METH_O,
+     "headers_ok(headers) -> bool: every header a pair with both items present and a key that is str and "
+     "UTF-8 (confluent-kafka builds a key that is not UTF-8 as a pair with a missing item)."},
     {"configure", configure, METH_VARARGS, "configure(Checked, Accepted): the classes the module builds."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
+/* What the Python side checks before using the module: a build older than the Python code that calls
+ * it (an editable install not rebuilt) is not used at all. Raise it with every change of the API. */
+#define API 4
+
 PyMODINIT_FUNC PyInit__native(void) {
     text_str = PyUnicode_InternFromString("text");
     text_plain_str = PyUnicode_InternFromString("text/plain; charset=utf-8");
     if (text_str == NULL || text_plain_str == NULL) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "API", API) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from mmlake.ingest.wire import _native  # None where not built (or stale): _headers checks in Python
+
 #: Most records one detour reads per partition before handing back to kafka-python (a record batch
 #: rarely holds more; if it does, kafka-python fails again inside it and the detour goes on).
 DETOUR_RECORDS = 1000
@@ -100,17 +102,23 @@ class Detour:
             self._consumer = None
 
 
-def record_of(topic: str, message: Any) -> Recovered:
-    """A librdkafka message as a record (``undecodable`` set when its headers cannot be read). Each
-    ``value()`` call copies the payload: it is called once."""
+def record_of(topic: str, message: Any, partition: int | None = None, offset: int | None = None) -> Recovered:
+    """A librdkafka message as a record (``undecodable`` set when its headers cannot be read), at
+    ``partition`` and ``offset`` where the caller read them already. Each ``value()`` call copies the
+    payload: it is called once."""
     kind, ts = message.timestamp()
     headers = _headers(message)
+    p = message.partition() if partition is None else partition
+    at = message.offset() if offset is None else offset
     if headers is None:  # one text whichever way the binding failed, so both clients write the same row
-        return Recovered(topic, message.partition(), message.offset(), ts if kind else None, message.key(),
-                         message.value(), (), ("the Kafka client cannot decode this record: a header key is not "
-                                               "UTF-8; key, value and timestamp kept, headers lost"))
-    return Recovered(topic, message.partition(), message.offset(), ts if kind else None, message.key(),
-                     message.value(), headers)
+        return Recovered(topic, p, at, ts if kind else None, message.key(), message.value(), (),
+                         "the Kafka client cannot decode this record: a header key is not UTF-8; key, value and "
+                         "timestamp kept, headers lost")
+    return _new(Recovered, (topic, p, at, ts if kind else None, message.key(), message.value(), headers, None))
+
+
+#: ``tuple.__new__``: a named tuple from its items at a third of the cost of calling the class.
+_new = tuple.__new__
 
 
 def _headers(message: Any) -> list[tuple[str, bytes | None]] | None:
@@ -124,6 +132,8 @@ def _headers(message: Any) -> list[tuple[str, bytes | None]] | None:
         raw = message.headers()
         if not raw:
             return []
+        if _native is not None:  # the same checks in one C call
+            return list(raw) if _native.headers_ok(raw) else None
         # Every item a pair, and every pair's items, as the garbage collector sees them: a NULL item is
         # skipped. A decoding error the binding left pending surfaces here, inside the try.
         if set(map(type, raw)) != _TUPLE or set(map(len, raw)) != _PAIR or \

@@ -20,6 +20,7 @@ decoded, ``undecodable`` (the reason; the engine dead-letters it).
 
 from __future__ import annotations
 
+import operator
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,6 +67,10 @@ class KafkaSource(Protocol):
         """:meth:`fetch` on a worker thread; the caller touches the source again only after the result."""
 
     def close(self) -> None: ...
+
+
+#: The order ``fetch`` hands records out in: by partition, then offset.
+_IN_OFFSET_ORDER = operator.attrgetter("partition", "offset")
 
 
 class _Prefetching:
@@ -210,7 +215,7 @@ class KafkaPythonSource(_Prefetching):
                         f"while reading {self.topic!r}"
                     )
                 self._last_progress = time.monotonic()
-        out.sort(key=lambda r: (r.partition, r.offset))
+        out.sort(key=_IN_OFFSET_ORDER)
         return out
 
     @staticmethod
@@ -366,20 +371,21 @@ class ConfluentSource(_Prefetching):
                 messages = self._consumer.consume(num_messages=min(max_records - len(out), 100_000),
                                                   timeout=max(min(remaining, 0.5), 0.05))
                 self._learn_bounds()
+            nxt, bounds, taken = self._next, self._bounds if self._bounded else {}, len(out)
             for i, message in enumerate(messages):
                 p, at_offset, error = message.partition(), message.offset(), message.error()
-                if p is None or p not in self._next:
+                if p is None or p not in nxt:
                     continue  # a broker-level event: the timeout decides
                 if error is not None:
-                    if error.code() in _UNREADABLE and (at_offset is None or at_offset >= self._next[p]):
-                        out.append(Recovered(self.topic, p, max(at_offset or 0, self._next[p]), None, None, None,
+                    if error.code() in _UNREADABLE and (at_offset is None or at_offset >= nxt[p]):
+                        out.append(Recovered(self.topic, p, max(at_offset or 0, nxt[p]), None, None, None,
                                              undecodable=f"the Kafka client cannot read this record: {error.str()}"))
-                        self._next[p] = out[-1].offset + 1
+                        nxt[p] = out[-1].offset + 1
                     continue  # otherwise the end of a partition, or a transient error
                 offset = int(at_offset or 0)
-                if offset < self._next[p]:
+                if offset < nxt[p]:
                     continue  # stale from before a seek
-                bound = self._bounds.get(p) if self._bounded else None
+                bound = bounds.get(p)
                 if bound is not None and offset >= bound:
                     continue
                 if len(out) >= max_records or (out and size >= max_bytes):
@@ -387,14 +393,15 @@ class ConfluentSource(_Prefetching):
                     # librdkafka prefetched and fetch it again (every batch of large records did).
                     self._carry = messages[i:]
                     break
-                record = record_of(self.topic, message)
+                record = record_of(self.topic, message, p, offset)
                 out.append(record)
-                self._next[p] = offset + 1
+                nxt[p] = offset + 1
                 size += len(record.value or b"")
+            if len(out) > taken:
                 self._last_progress = time.monotonic()
             if not messages and time.monotonic() - self._last_progress > self._timeout_s:
                 self._check_alive()
-        out.sort(key=lambda r: (r.partition, r.offset))
+        out.sort(key=_IN_OFFSET_ORDER)
         return out
 
     def _check_alive(self) -> None:

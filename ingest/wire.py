@@ -13,7 +13,7 @@ import struct
 import sys
 from collections.abc import Sequence
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mmlake.lake import EventTimeOutOfRange, format_us, parse_event_time
 
@@ -310,9 +310,24 @@ def _id_prefix(modality: str, event_time_us: int) -> bytes:
     return b"%b\x00%d\x00" % (modality.encode(), event_time_us)
 
 
-try:
-    from mmlake.ingest import _native
-except ImportError:  # not built (no C compiler or libcrypto where it was installed): Python does it all
-    _native = None
-else:
-    _native.configure(Checked, Accepted)
+def _load_native() -> Any:
+    """The native module (``ingest/_native.c``), or None where it was not built (no C compiler or
+    libcrypto at install time) or is older than this code (an editable install not rebuilt since the
+    C source changed: ``make install`` rebuilds it): then Python does all of its work."""
+    try:
+        from mmlake.ingest import _native as module
+    except ImportError:
+        return None
+    if getattr(module, "API", None) != NATIVE_API:
+        import warnings
+
+        warnings.warn(f"mmlake.ingest._native is API {getattr(module, 'API', 1)}, this code needs {NATIVE_API}: "
+                      "not used (reinstall mmlake to rebuild it)", RuntimeWarning, stacklevel=2)
+        return None
+    module.configure(Checked, Accepted)
+    return module
+
+
+#: The API of ``ingest/_native.c`` this code calls (its ``API``).
+NATIVE_API = 4
+_native = _load_native()

@@ -156,3 +156,33 @@ def test_payload_columns_are_the_same_gathered_natively_and_in_python(monkeypatc
 
     with pytest.raises(ValueError):
         native.gather([b"abc"], pa.allocate_buffer(2))
+
+
+def test_header_checks_agree_with_python(monkeypatch) -> None:
+    from mmlake.ingest import recovery
+
+    class Message:
+        def __init__(self, headers):
+            self._headers = headers
+
+        def headers(self):
+            return self._headers
+
+    cases = [[], [("a", b"1")], [("a", None), ("b", b"")], [("a", b"1", b"2")], [("a",)], [["a", b"1"]],
+             [(b"a", b"1")], [(1, b"1")], [("\udcff", b"1")], [("ké", b"1"), ("x", b"2")], [("a", b"1"), ("\ud800", b"")]]
+    for headers in cases:
+        fast = recovery._headers(Message(headers))
+        with monkeypatch.context() as m:
+            m.setattr(recovery, "_native", None)
+            slow = recovery._headers(Message(headers))
+        assert fast == slow, headers
+    assert recovery._headers(Message([("a", b"1")])) == [("a", b"1")]
+    assert recovery._headers(Message([("\udcff", b"1")])) is None
+
+
+def test_a_native_build_older_than_the_code_is_not_used(monkeypatch) -> None:
+    monkeypatch.setattr(native, "API", wire.NATIVE_API - 1)
+    with pytest.warns(RuntimeWarning, match="not used"):
+        assert wire._load_native() is None
+    monkeypatch.setattr(native, "API", wire.NATIVE_API)
+    assert wire._load_native() is native
