@@ -459,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=_partitions, help="only these partitions, e.g. 0,2 (default: all)")
     p.add_argument("--allowed-lateness", type=_non_negative_float, metavar="SECONDS")
     p.add_argument("--kafka-client", choices=["kafka-python", "confluent-kafka"],
-                   help="the client to read with (default: $MMLAKE_KAFKA_CLIENT or kafka-python)")
+                   help="the client to read with (default: $MMLAKE_KAFKA_CLIENT or confluent-kafka)")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("compact", help="z-order a stream's tables by event time, checkpoint and vacuum")

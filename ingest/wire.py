@@ -212,7 +212,7 @@ def check(
         return Rejected(Reason.MISSING_VALUE, "the record has no value (a tombstone)")
     payload = value
     try:  # every value present and UTF-8: one comprehension
-        fields: dict[str, str] = {name.lower(): raw.decode("utf-8") for name, raw in headers}
+        fields: dict[str, str] = {name.lower(): raw.decode("utf-8") for name, raw in headers}  # type: ignore[union-attr]
     except (AttributeError, UnicodeDecodeError):  # a null value (it unsets) or one not UTF-8
         decoded = _decoded_headers(headers)
         if decoded is None:
@@ -315,7 +315,7 @@ def _load_native() -> Any:
     libcrypto at install time) or is older than this code (an editable install not rebuilt since the
     C source changed: ``make install`` rebuilds it): then Python does all of its work."""
     try:
-        from mmlake.ingest import _native as module
+        from mmlake.ingest import _native as module  # type: ignore[attr-defined]
     except ImportError:
         return None
     if getattr(module, "API", None) != NATIVE_API:
@@ -329,5 +329,5 @@ def _load_native() -> Any:
 
 
 #: The API of ``ingest/_native.c`` this code calls (its ``API``).
-NATIVE_API = 4
+NATIVE_API = 5
 _native = _load_native()

@@ -135,6 +135,11 @@ def test_a_batch_digest_matches_hashlib_for_named_and_default_ids() -> None:
                                     hashlib.sha256(payload).hexdigest())
         assert type(acc) is wire.Accepted
     assert wire.digest([], []) == []
+    # A batch over 4 MB is hashed by two threads: the same digests, in the same order.
+    big = [rng.randbytes(rng.choice([1, 100_000, 300_000])) for _ in range(60)]
+    named = [wire.Checked(rng.choice([None, f"id{i}"]), None, "image", "image/png", i) for i in range(60)]
+    assert sum(map(len, big)) > 4 << 20
+    assert wire.digest(named, big) == wire._digest_py(named, big)
     with pytest.raises(ValueError):
         native.accept_many(checked[:2], payloads[:1])
     with pytest.raises(TypeError):
