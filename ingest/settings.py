@@ -25,8 +25,9 @@ class IngestSettings(LakeSettings):
     )
     kafka_client: Literal["kafka-python", "confluent-kafka"] = Field(
         "confluent-kafka",
-        description="The Kafka client ingest reads with: `kafka-python` (pure Python) or `confluent-kafka` "
-        "(librdkafka: fetching and decoding in C threads). Same records, same tables.",
+        description="The Kafka client ingest reads with: `confluent-kafka` (librdkafka: fetching and decoding in "
+        "C threads; the faster on both workloads of `make bench`) or `kafka-python` (pure Python). Same records, "
+        "same tables.",
     )
     kafka_timeout_s: float = Field(
         10.0,
