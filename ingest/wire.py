@@ -73,7 +73,7 @@ def default_record_id(modality: str, event_time_us: int, payload: bytes) -> str:
     Hex SHA-256 of ``modality``, NUL, the event time as decimal UTC epoch microseconds, NUL, then the
     payload bytes. Two spellings of one instant (RFC 3339 or epoch ms) give the same id.
     """
-    digest = hashlib.sha256(_id_prefix(modality, event_time_us))
+    digest = hashlib.sha256(b"%b\x00%d\x00" % (modality.encode(), event_time_us))
     digest.update(payload)
     return digest.hexdigest()
 
@@ -201,9 +201,9 @@ def check(
     not_after_us: int | None = None,
 ) -> Checked | Rejected:
     """:func:`decode` without the digests: the engine hashes the accepted records of a batch at once
-    (:func:`digest`). Runs once per record: a plain text record is recognised by the native module
-    where it was built (``ingest/_native.c``: it accepts only what the rules below accept, and computes
-    what they would); every other record, and every record without it, is judged here, rule by rule."""
+    (:func:`digest`). A plain text record is recognised by the native module where it was built
+    (``ingest/_native.c``: it accepts only what the rules below accept, and computes what they would);
+    every other record, and every record without it, is judged here, rule by rule."""
     if _native is not None:
         plain = _native.check_text(key, value, headers, min(max_payload_bytes, sys.maxsize), not_after_us)
         if plain is not None:
@@ -211,13 +211,9 @@ def check(
     if value is None:
         return Rejected(Reason.MISSING_VALUE, "the record has no value (a tombstone)")
     payload = value
-    try:  # every value present and UTF-8: one comprehension
-        fields: dict[str, str] = {name.lower(): raw.decode("utf-8") for name, raw in headers}  # type: ignore[union-attr]
-    except (AttributeError, UnicodeDecodeError):  # a null value (it unsets) or one not UTF-8
-        decoded = _decoded_headers(headers)
-        if decoded is None:
-            return Rejected(Reason.BAD_HEADER, "a header value is not UTF-8")
-        fields = decoded
+    fields = _decoded_headers(headers)
+    if fields is None:
+        return Rejected(Reason.BAD_HEADER, "a header value is not UTF-8")
     if key is not None:
         try:
             key_text: str | None = key.decode("utf-8")
@@ -229,17 +225,12 @@ def check(
     raw_time = fields.get(HEADER_EVENT_TIME)
     if raw_time is None:
         return Rejected(Reason.MISSING_EVENT_TIME, f"header {HEADER_EVENT_TIME} is missing")
-    # Epoch milliseconds of at most 13 ASCII digits (up to year 2286) are in range whatever they say:
-    # read here; everything else by parse_event_time.
-    if len(raw_time) <= 13 and raw_time.isascii() and raw_time.isdigit():
-        event_time_us = int(raw_time) * 1000
-    else:
-        try:
-            event_time_us = parse_event_time(raw_time)
-        except EventTimeOutOfRange as err:
-            return Rejected(Reason.EVENT_TIME_OUT_OF_RANGE, f"header {HEADER_EVENT_TIME}: {err}")
-        except ValueError as err:
-            return Rejected(Reason.BAD_EVENT_TIME, f"header {HEADER_EVENT_TIME} is unusable: {err}")
+    try:
+        event_time_us = parse_event_time(raw_time)
+    except EventTimeOutOfRange as err:
+        return Rejected(Reason.EVENT_TIME_OUT_OF_RANGE, f"header {HEADER_EVENT_TIME}: {err}")
+    except ValueError as err:
+        return Rejected(Reason.BAD_EVENT_TIME, f"header {HEADER_EVENT_TIME} is unusable: {err}")
     if not_after_us is not None and event_time_us > not_after_us:
         return Rejected(Reason.EVENT_TIME_IN_FUTURE,
                         f"event time {format_us(event_time_us)} is beyond {format_us(not_after_us)}, the latest "
@@ -304,10 +295,6 @@ def _digest_py(checked: Sequence[Checked], payloads: Sequence[bytes]) -> list[Ac
         out.append(Accepted(record_id, c.sample_id or record_id, c.modality, c.content_type, c.event_time_us,
                             hashlib.sha256(payload).hexdigest()))
     return out
-
-
-def _id_prefix(modality: str, event_time_us: int) -> bytes:
-    return b"%b\x00%d\x00" % (modality.encode(), event_time_us)
 
 
 def _load_native() -> Any:
