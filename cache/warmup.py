@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from mmlake.cache.lsh import HyperplaneLSH
 from mmlake.cache.settings import CacheSettings
-from mmlake.lake import UTC_US, StreamTables, commit, scan, txn_version
+from mmlake.lake import UTC_US, StreamTables, app_id, commit, scan, txn_version
 
 KEYS_SCHEMA = pa.schema([
     ("record_id", pa.string()),
@@ -29,7 +29,6 @@ KEYS_SCHEMA = pa.schema([
     ("embedding_sha256", pa.string()),
 ])
 
-_DRIFT_APP = "mmlake-cache-warmup/{stream}/drift-checked-until-us"
 
 
 def _keys_table(tables: StreamTables) -> Any:
@@ -101,7 +100,7 @@ def new_drift_alarm(lake: str, stream: str, *, storage_options: dict[str, str] |
         return False
     latest = max(alarms.column("window_end").cast(UTC_US).cast(pa.int64()).to_pylist())
     keys = _keys_table(tables)
-    app = _DRIFT_APP.format(stream=stream)
+    app = app_id("cache-warmup", stream, "drift-checked-until-us")
     checked = keys.transaction_version(app)
     if checked is not None and checked >= latest:
         return False

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mmlake.errors import MmlakeError
-from mmlake.lake import StreamTables, is_local, scan
+from mmlake.lake import StreamTables, is_local, offset_app_id, scan
 from mmlake.lineage.emitter import default_events_path, default_events_table
 from mmlake.lineage.naming import storage_dataset
 from mmlake.lineage.transport import read_events
@@ -118,8 +118,6 @@ def explain_record(lake: str, stream: str, record_id: str,
     """Where one record came from and what was made of it: Kafka topic/partition/offset -> raw Delta
     version and the run that wrote it -> operators and features row -> drift windows that covered it."""
     import pyarrow.compute as pc
-
-    from mmlake.ingest.engine import offset_app_id  # the Kafka offsets' txn app ids are ingest's
 
     tables = StreamTables(lake, stream, dict(storage_options or {}))
     out: dict[str, Any] = {"record_id": record_id, "stream": stream}

@@ -297,6 +297,24 @@ def count_rows(dt: DeltaTable, filter: Any = None) -> int:
 # -- the exactly-once commit --------------------------------------------------------------------
 
 
+def app_id(stage: str, name: str, *parts: str | int) -> str:
+    """The Delta ``txn`` app id under which one stage records its progress: ``mmlake-<stage>/<name>``
+    followed by ``/<part>`` for each of ``parts`` (e.g. ``mmlake-ingest/<topic>/<partition>``). Every
+    stage spells its ids through this one rule; the ids are part of the tables' contract."""
+    return "/".join((f"mmlake-{stage}", name, *map(str, parts)))
+
+
+def offset_app_id(topic: str, partition: int) -> str:
+    """The ``txn`` app id whose version is the last Kafka offset of a partition a table holds."""
+    return app_id("ingest", topic, partition)
+
+
+def max_event_app_id(topic: str, partition: int) -> str:
+    """The ``txn`` app id whose version is a partition's max event time (UTC epoch µs)."""
+    return app_id("ingest", topic, partition, "max-event-time-us")
+
+
+
 def txn_version(dt: DeltaTable | None, app_id: str) -> int:
     """The version the table's ``txn`` action ``app_id`` holds, -1 when it has none (or no table)."""
     if dt is None:

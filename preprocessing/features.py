@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mmlake.errors import InputError
-from mmlake.lake import US_PER_DAY, UTC_US, StreamTables, scan, txn_version
+from mmlake.lake import US_PER_DAY, UTC_US, StreamTables, app_id, scan, txn_version
 from mmlake.lake import commit as lake_commit
 from mmlake.preprocessing.errors import OperatorIntegrityError
 from mmlake.preprocessing.operators import Operator, load
@@ -62,7 +62,8 @@ def features_schema(dim: int) -> pa.Schema:
 
 
 def commit_app_id(stream: str) -> str:
-    return f"mmlake-preprocess/{stream}"
+    """The ``txn`` app id of a stream's features commits."""
+    return app_id("preprocess", stream)
 
 
 @dataclass

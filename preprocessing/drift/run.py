@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mmlake.errors import CommitConflictError, CommitRaceLost, InputError
-from mmlake.lake import UTC_US, StreamTables, format_us, scan, txn_version
+from mmlake.lake import UTC_US, StreamTables, app_id as lake_app_id, format_us, scan, txn_version
 from mmlake.lake import commit as lake_commit
 from mmlake.preprocessing.drift.codebook import Codebook
 from mmlake.preprocessing.drift.detector import (ERROR, MISSING, NAN, STATUS_NAMES, ZERO_NORM, Detector, DriftConfig,
@@ -76,7 +76,8 @@ CODEBOOK_SCHEMA = pa.schema([
 
 
 def app_id(stream: str) -> str:
-    return f"mmlake-drift/{stream}"
+    """The ``txn`` app id of a stream's drift commits."""
+    return lake_app_id("drift", stream)
 
 
 @dataclass
