@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from mmlake.ingest.wire import _native  # None where not built (or stale): _headers checks in Python
+from mmlake.ingest import native
 
 #: Most records one detour reads per partition before handing back to kafka-python (a record batch
 #: rarely holds more; if it does, kafka-python fails again inside it and the detour goes on).
@@ -132,8 +132,9 @@ def _headers(message: Any) -> list[tuple[str, bytes | None]] | None:
         raw = message.headers()
         if not raw:
             return []
-        if _native is not None:  # the same checks in one C call
-            return list(raw) if _native.headers_ok(raw) else None
+        fast = native.module
+        if fast is not None:  # the same checks in one C call
+            return list(raw) if fast.headers_ok(raw) else None
         # Every item a pair, and every pair's items, as the garbage collector sees them: a NULL item is
         # skipped. A decoding error the binding left pending surfaces here, inside the try.
         if set(map(type, raw)) != _TUPLE or set(map(len, raw)) != _PAIR or \

@@ -12,10 +12,13 @@ import re
 import struct
 import sys
 from collections.abc import Sequence
-from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any
 
+from mmlake.ingest import native
+from mmlake.ingest.records import Accepted, Checked, Reason, Rejected
 from mmlake.lake import EventTimeOutOfRange, format_us, parse_event_time
+
+__all__ = ["Accepted", "Checked", "Headers", "Reason", "Rejected", "check", "decode", "default_record_id", "digest"]
 
 HEADER_EVENT_TIME = "mm-event-time"
 HEADER_MODALITY = "mm-modality"
@@ -26,45 +29,6 @@ HEADER_SAMPLE_ID = "mm-sample-id"
 MODALITIES = ("image", "audio", "text")
 
 Headers = Sequence[tuple[str, bytes | None]]
-
-
-class Reason(str, Enum):
-    """Why a record went to the dead-letter table. The value is stored in ``dlq.error_code``."""
-
-    MISSING_VALUE = "missing_value"
-    MISSING_EVENT_TIME = "missing_event_time"
-    BAD_EVENT_TIME = "bad_event_time"
-    EVENT_TIME_OUT_OF_RANGE = "event_time_out_of_range"
-    EVENT_TIME_IN_FUTURE = "event_time_in_future"
-    MISSING_MODALITY = "missing_modality"
-    UNKNOWN_MODALITY = "unknown_modality"
-    BAD_HEADER = "bad_header"
-    CONTENT_TYPE_MISMATCH = "content_type_mismatch"
-    OVERSIZE = "oversize_payload"
-    UNDECODABLE_IMAGE = "undecodable_image"
-    UNDECODABLE_AUDIO = "undecodable_audio"
-    INVALID_TEXT = "invalid_text"
-    #: Decided by the engine, not by the record alone:
-    RECORD_ID_CONFLICT = "record_id_conflict"
-    UNDECODABLE_RECORD = "undecodable_record"
-
-
-class Accepted(NamedTuple):
-    """A record that meets the contract. ``event_time_us`` is UTC epoch microseconds."""
-
-    record_id: str
-    sample_id: str
-    modality: str
-    content_type: str
-    event_time_us: int
-    payload_sha256: str
-
-
-class Rejected(NamedTuple):
-    """A record that breaks the contract, with a reason code and a one-line message."""
-
-    reason: Reason
-    message: str
 
 
 def default_record_id(modality: str, event_time_us: int, payload: bytes) -> str:
@@ -161,17 +125,6 @@ _PAYLOAD_CHECKS = {
 }
 
 
-class Checked(NamedTuple):
-    """A record that meets the contract, before its digests: :func:`digest` makes it :class:`Accepted`.
-    ``record_id`` and ``sample_id`` are the headers' (or the key's) when the record names them."""
-
-    record_id: str | None
-    sample_id: str | None
-    modality: str
-    content_type: str
-    event_time_us: int
-
-
 def decode(
     key: bytes | None,
     value: bytes | None,
@@ -204,10 +157,11 @@ def check(
     (:func:`digest`). A plain text record is recognised by the native module where it was built
     (``ingest/_native.c``: it accepts only what the rules below accept, and computes what they would);
     every other record, and every record without it, is judged here, rule by rule."""
-    if _native is not None:
-        plain = _native.check_text(key, value, headers, min(max_payload_bytes, sys.maxsize), not_after_us)
+    fast = native.module
+    if fast is not None:
+        plain = fast.check_text(key, value, headers, min(max_payload_bytes, sys.maxsize), not_after_us)
         if plain is not None:
-            return plain  # type: ignore[no-any-return]
+            return plain
     if value is None:
         return Rejected(Reason.MISSING_VALUE, "the record has no value (a tombstone)")
     payload = value
@@ -283,8 +237,9 @@ def digest(checked: Sequence[Checked], payloads: Sequence[bytes]) -> list[Accept
     """The checked records with their digests: each payload's SHA-256 and, where the record names no
     ``mm-record-id``, :func:`default_record_id`. One call per batch: the native module (where it was
     built, see ``ingest/_native.c``) hashes the whole batch without the GIL."""
-    if _native is not None:
-        return _native.accept_many(checked, payloads)  # type: ignore[no-any-return]
+    fast = native.module
+    if fast is not None:
+        return fast.accept_many(checked, payloads)
     return _digest_py(checked, payloads)
 
 
@@ -295,26 +250,3 @@ def _digest_py(checked: Sequence[Checked], payloads: Sequence[bytes]) -> list[Ac
         out.append(Accepted(record_id, c.sample_id or record_id, c.modality, c.content_type, c.event_time_us,
                             hashlib.sha256(payload).hexdigest()))
     return out
-
-
-def _load_native() -> Any:
-    """The native module (``ingest/_native.c``), or None where it was not built (no C compiler or
-    libcrypto at install time) or is older than this code (an editable install not rebuilt since the
-    C source changed: ``make install`` rebuilds it): then Python does all of its work."""
-    try:
-        from mmlake.ingest import _native as module  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    if getattr(module, "API", None) != NATIVE_API:
-        import warnings
-
-        warnings.warn(f"mmlake.ingest._native is API {getattr(module, 'API', 1)}, this code needs {NATIVE_API}: "
-                      "not used (reinstall mmlake to rebuild it)", RuntimeWarning, stacklevel=2)
-        return None
-    module.configure(Checked, Accepted)
-    return module
-
-
-#: The API of ``ingest/_native.c`` this code calls (its ``API``).
-NATIVE_API = 5
-_native = _load_native()

@@ -13,9 +13,10 @@ import random
 
 import pytest
 
+from mmlake.ingest import native as native_path
 from mmlake.ingest import wire
 
-native = wire._native
+native = native_path.module
 pytestmark = pytest.mark.skipif(native is None, reason="the native module was not built here (no C compiler "
                                                        "or libcrypto at install time): Python does it all")
 
@@ -24,7 +25,7 @@ TIME = b"1767225600000"
 
 def _python(key, value, headers, limit, not_after, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(wire, "_native", None)
+        m.setattr(native_path, "module", None)
         result = wire.check(key, value, headers, max_payload_bytes=limit, not_after_us=not_after)
         if isinstance(result, wire.Checked):
             return result, wire.digest([result], [value])[0]
@@ -148,13 +149,13 @@ def test_a_batch_digest_matches_hashlib_for_named_and_default_ids() -> None:
 
 
 def test_payload_columns_are_the_same_gathered_natively_and_in_python(monkeypatch) -> None:
-    from mmlake.ingest.engine import _binary_array
+    from mmlake.ingest.rows import binary_array as _binary_array
 
     rng = random.Random(5)
     values = [rng.randbytes(rng.choice([0, 1, 7, 1024, 100_000])) for _ in range(300)]
     fast = _binary_array(values)
     with monkeypatch.context() as m:
-        m.setattr(wire, "_native", None)
+        m.setattr(native_path, "module", None)
         slow = _binary_array(values)
     assert fast.equals(slow) and fast.to_pylist() == values
     assert _binary_array([]).to_pylist() == []
@@ -179,7 +180,7 @@ def test_header_checks_agree_with_python(monkeypatch) -> None:
     for headers in cases:
         fast = recovery._headers(Message(headers))
         with monkeypatch.context() as m:
-            m.setattr(recovery, "_native", None)
+            m.setattr(native_path, "module", None)
             slow = recovery._headers(Message(headers))
         assert fast == slow, headers
     assert recovery._headers(Message([("a", b"1")])) == [("a", b"1")]
@@ -187,8 +188,8 @@ def test_header_checks_agree_with_python(monkeypatch) -> None:
 
 
 def test_a_native_build_older_than_the_code_is_not_used(monkeypatch) -> None:
-    monkeypatch.setattr(native, "API", wire.NATIVE_API - 1)
+    monkeypatch.setattr(native, "API", native_path.NATIVE_API - 1)
     with pytest.warns(RuntimeWarning, match="not used"):
-        assert wire._load_native() is None
-    monkeypatch.setattr(native, "API", wire.NATIVE_API)
-    assert wire._load_native() is native
+        assert native_path.load() is None
+    monkeypatch.setattr(native, "API", native_path.NATIVE_API)
+    assert native_path.load() is native
