@@ -17,7 +17,7 @@ from mmlake.ingest import (
     TopicNotFoundError,
     run_ingest,
 )
-from mmlake.ingest.engine import max_event_app_id, offset_app_id
+from mmlake.lake import max_event_app_id, offset_app_id
 from mmlake.ingest.wire import Reason
 from tests.fixtures.data import kafka_positions, png, record_id, table_rows, wav
 from tests.fixtures.streams import T0_MS, produce_mixed
@@ -178,13 +178,16 @@ def test_lost_commit_race_is_retried_without_duplicates(producer, new_topic, cfg
     exp = produce_mixed(producer, topic, partitions=2, per_partition=12)
     rival: list = []
 
-    class Racing(IngestRun):
-        def _commit(self, batch):  # the rival commits the same offsets first
-            if not rival:
-                rival.append(run_ingest(topic, "s", cfg))
-            super()._commit(batch)
+    racing = IngestRun(topic, "s", cfg)
+    commit = racing.writer.commit
 
-    loser = Racing(topic, "s", cfg).run()
+    def rival_first(batch):  # the rival commits the same offsets first
+        if not rival:
+            rival.append(run_ingest(topic, "s", cfg))
+        return commit(batch)
+
+    racing.writer.commit = rival_first
+    loser = racing.run()
     assert loser.conflicts == 1
     assert rival[0].accepted + loser.accepted == sum(exp.raw_ids.values())
     assert Counter(r["record_id"] for r in table_rows(cfg.lake, "s", "raw")) == exp.raw_ids

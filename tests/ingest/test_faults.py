@@ -246,7 +246,7 @@ def test_kill_while_side_tables_trail_then_rerun(producer, new_topic, settings) 
 def test_broker_that_goes_away_mid_run(tmp_path) -> None:
     """The run fails with a one-line BrokerUnavailableError; what it committed is consistent."""
     from mmlake.ingest import BrokerUnavailableError, EmbeddedBroker, IngestRun, MultimodalProducer, ensure_topic
-    from mmlake.ingest.engine import offset_app_id
+    from mmlake.lake import offset_app_id
     from deltalake import DeltaTable
 
     broker = EmbeddedBroker().start()

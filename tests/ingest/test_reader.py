@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 
 from mmlake.errors import InputError
 from mmlake.ingest import compact, read_stream, read_table, run_ingest
-from mmlake.ingest.engine import offset_app_id
+from mmlake.lake import offset_app_id
 from tests.fixtures.data import table_rows
 from tests.fixtures.streams import T0_MS
 
