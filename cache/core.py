@@ -5,83 +5,34 @@ of the query with a stored entry's embedding is at least the threshold (the serv
 one the caller asks for); expired entries are never returned. The LSH buckets only propose candidates:
 they never decide a hit.
 
-Eviction is fair between tenants: each tenant has a share of every tier (equal among the known
-tenants unless set); when a tier is over its budget, the victim comes from a tenant over its share
-whenever there is one, so a tenant within its share never loses entries to one over it, while a share a
-tenant does not use is free for the others. A namespace's index is freed when its last entry goes, and
-a tenant holds at most ``max_models_per_tenant`` namespaces, so index memory is bounded too.
+The cache is the namespaces' indexes and the entries; its collaborators hold the rest: where tensors
+lie and who loses entries when a tier is full (:mod:`mmlake.cache.eviction`: fair shares between
+tenants), which buckets are safe to add to (:mod:`mmlake.cache.admission`), and the counters
+(:mod:`mmlake.cache.counters`). A namespace's index is freed when its last entry goes, and a tenant
+holds at most ``max_models_per_tenant`` namespaces, so index memory is bounded too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from mmlake.cache.admission import COMPARED_MEMBERS, Admission
+from mmlake.cache.counters import COUNTERS, Counters
+from mmlake.cache.entries import K, Entry, Hit, Miss, Namespace, PutResult, exact_hash, lsh_key
 from mmlake.cache.errors import BadRequestError, PayloadTooLargeError, QuotaExceededError
+from mmlake.cache.eviction import FairShares, Placement
 from mmlake.cache.index import VectorIndex
 from mmlake.cache.lsh import HyperplaneLSH
 from mmlake.cache.settings import CacheSettings
 from mmlake.cache.tiers import Tensors, Tier, tensors_nbytes, tiers_from_settings
 
-K = 2  # LRU-K
-#: (tenant, model_id, salt): nothing of one namespace is visible from another.
-Namespace = tuple[str, str, str]
-
-
-@dataclass
-class Entry:
-    id: str
-    tenant: str
-    model_id: str
-    slot: int
-    exact: str
-    lsh_key: str
-    nbytes: int
-    expires_at: float
-    tier: str
-    accesses: list[float] = field(default_factory=list)  # most recent last, at most K
-    reuse_similarity: float = 1.0
-    source: str | None = None  # the stream the prompt came from, for invalidation on drift
-    salt: str = ""  # partitions a tenant's entries further (as vLLM's cache_salt)
-
-    @property
-    def namespace(self) -> Namespace:
-        return (self.tenant, self.model_id, self.salt)
-
-
-@dataclass(frozen=True)
-class PutResult:
-    id: str | None
-    lsh_key: str
-    admitted: bool
-    refreshed: bool = False
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Hit:
-    id: str
-    similarity: float
-    tensors: Tensors
-
-
-@dataclass(frozen=True)
-class Miss:
-    best_similarity: float | None
-    reason: str
-
-
-@dataclass
-class _BucketStats:
-    pairs: int = 0
-    confusable: int = 0
+__all__ = ["Entry", "Hit", "Miss", "Namespace", "PutResult", "SafeCache"]
 
 
 class SafeCache:
@@ -90,6 +41,8 @@ class SafeCache:
     ``shares`` (tenant -> fraction of every tier) sets tenants' shares; a tenant not named shares what
     is left equally with the other unnamed tenants it knows of (``tenants``, and those holding entries).
     """
+
+    COUNTERS = COUNTERS
 
     def __init__(
         self,
@@ -105,54 +58,39 @@ class SafeCache:
         self.clock = clock
         self.tiers = tiers if tiers is not None else tiers_from_settings(s.gpu_bytes, s.cpu_bytes, s.disk_bytes,
                                                                          s.disk_dir)
-        self._tier_by_name = {t.name: t for t in self.tiers}
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._indexes: dict[Namespace, VectorIndex] = {}
         self._lsh: dict[int, HyperplaneLSH] = {}
         self._lsh_users: dict[int, int] = {}  # dim -> namespaces using that LSH (freed at 0)
         self._exact: dict[Namespace, dict[str, str]] = {}
-        self._bucket_stats: dict[Namespace, dict[int, _BucketStats]] = {}
         self._models: dict[str, set[Namespace]] = {}  # tenant -> its namespaces
-        self._usage: dict[tuple[str, str], int] = {}  # (tier, tenant) -> bytes
-        self._counters: dict[str, dict[str, int]] = {}
-        self._shares: dict[str, float] = {}
-        self._known: set[str] = set(tenants or ())
+        self._shares = FairShares()
+        self._shares.known |= set(tenants or ())
+        self._placement = Placement(self.tiers, self._shares, fair=s.fair_shares,
+                                    similarity_weight_s=s.similarity_weight_s)
+        self._admission = Admission(s.collision_bound, s.collision_min_pairs, s.min_similarity)
+        self._counters = Counters()
         self.set_shares(shares or {})
-
-    COUNTERS = ("hits", "misses", "rejected_below_threshold", "evictions", "expirations", "stores",
-                "refreshes", "rejected_admission")
 
     # -- shares -----------------------------------------------------------------------------------
 
     def set_shares(self, shares: Mapping[str, float], tenants: list[str] | None = None) -> None:
         """Set tenants' shares (fractions of every tier, summing to at most 1) and the tenants known."""
-        bad = {t: v for t, v in shares.items() if not (0 < float(v) <= 1)}
-        if bad or sum(shares.values()) > 1 + 1e-9:
-            raise BadRequestError(f"tenant shares must each be in (0, 1] and sum to at most 1, got {dict(shares)}")
         with self._lock:
-            self._shares = {t: float(v) for t, v in shares.items()}
-            self._known |= set(shares) | set(tenants or ())
+            self._shares.set(shares, tenants or ())
 
     def share_of(self, tenant: str) -> float:
         """The fraction of each tier that ``tenant`` may hold without being first to lose entries."""
         with self._lock:
-            if tenant in self._shares:
-                return self._shares[tenant]
-            unnamed = (self._known | {tenant}) - set(self._shares)  # every tenant that stored is known
-            return max(0.0, 1.0 - sum(self._shares.values())) / len(unnamed)
-
-    def _count(self, tenant: str, name: str) -> None:
-        per = self._counters.setdefault(tenant, dict.fromkeys(self.COUNTERS, 0))
-        per[name] += 1
+            return self._shares.of(tenant)
 
     def counters(self, tenant: str | None = None) -> dict[str, int]:
         """Counters of one tenant, or summed over all tenants."""
         with self._lock:
-            rows = [self._counters.get(tenant, {})] if tenant is not None else list(self._counters.values())
-            return {name: sum(r.get(name, 0) for r in rows) for name in self.COUNTERS}
+            return self._counters.totals(tenant)
 
-    # -- helpers --------------------------------------------------------------------------------
+    # -- namespaces -------------------------------------------------------------------------------
 
     def lsh_for(self, dim: int) -> HyperplaneLSH:
         """The LSH of embeddings of dimension ``dim`` (one per dimension, shared by its namespaces)."""
@@ -183,7 +121,7 @@ class SafeCache:
         """Forget an empty namespace: its index, exact keys, bucket statistics, and its LSH if unused."""
         index = self._indexes.pop(namespace, None)
         self._exact.pop(namespace, None)
-        self._bucket_stats.pop(namespace, None)
+        self._admission.forget(namespace)
         models = self._models.get(namespace[0])
         if models is not None:
             models.discard(namespace)
@@ -219,39 +157,9 @@ class SafeCache:
         v = v / scale  # now in [-1, 1] with a 1 in it: the norm can neither overflow nor underflow
         return (v / np.linalg.norm(v)).astype(np.float32)
 
-    @staticmethod
-    def _exact_hash(unit: np.ndarray) -> str:
-        return hashlib.sha256(unit.tobytes()).hexdigest()  # the full digest: never truncated
-
-    def _touch(self, entry: Entry, similarity: float) -> None:
-        entry.accesses = (entry.accesses + [self.clock()])[-K:]
-        entry.reuse_similarity = similarity
-
-    def _eviction_key(self, entry: Entry) -> tuple[float, float]:
-        """LRU-K (K=2): the entry whose K-th most recent access is oldest goes first (never re-used
-        entries before any re-used one), each time pulled back by (1 - last reuse similarity) x weight."""
-        penalty = (1.0 - entry.reuse_similarity) * self.settings.similarity_weight_s
-        kth = entry.accesses[-K] if len(entry.accesses) >= K else float("-inf")
-        return (kth - penalty, entry.accesses[-1] - penalty)
-
-    def _place(self, entry: Entry, tier: Tier, tensors: Tensors) -> None:
-        tier.put(entry.id, tensors)
-        entry.tier = tier.name
-        key = (tier.name, entry.tenant)
-        self._usage[key] = self._usage.get(key, 0) + entry.nbytes
-
-    def _unplace(self, entry: Entry) -> None:
-        self._tier_by_name[entry.tier].remove(entry.id)
-        key = (entry.tier, entry.tenant)
-        left = self._usage.get(key, 0) - entry.nbytes
-        if left > 0:
-            self._usage[key] = left
-        else:
-            self._usage.pop(key, None)
-
     def _drop(self, entry: Entry) -> None:
         self._entries.pop(entry.id, None)
-        self._unplace(entry)
+        self._placement.unplace(entry)
         namespace = entry.namespace
         index = self._indexes[namespace]
         if index.remove(entry.slot):
@@ -263,10 +171,17 @@ class SafeCache:
         if len(index) == 0:
             self._free_namespace(namespace)
 
+    def _evict(self, entry: Entry) -> None:
+        self._drop(entry)
+        self._counters.count(entry.tenant, "evictions")
+
+    def _rebalance(self, protect: str | None = None) -> None:
+        self._placement.rebalance(self._entries, self._evict, protect)
+
     def _expire(self, entry: Entry, now: float) -> bool:
         if entry.expires_at <= now:
             self._drop(entry)
-            self._count(entry.tenant, "expirations")
+            self._counters.count(entry.tenant, "expirations")
             return True
         return False
 
@@ -276,37 +191,23 @@ class SafeCache:
             now = self.clock()
             return sum(self._expire(e, now) for e in list(self._entries.values()))
 
-    def _over_share(self, tier: Tier) -> set[str]:
-        """The tenants holding more of ``tier`` than their share of its budget."""
-        return {tenant for (name, tenant), used in self._usage.items()
-                if name == tier.name and used > self.share_of(tenant) * tier.budget}
-
-    def _rebalance(self, protect: str | None = None) -> None:
-        """Keep every tier within its budget: demote victims to the next tier, evict from the last.
-        Victims come from tenants over their share of the tier when there are any (fair shares), and the
-        entry just stored (``protect``) is the last candidate, not the first as plain LRU-K would make it
-        (it has a single access)."""
-        for position, tier in enumerate(self.tiers):
-            lower = self.tiers[position + 1] if position + 1 < len(self.tiers) else None
-            while tier.nbytes > tier.budget:
-                here = [e for e in self._entries.values() if e.tier == tier.name and e.id != protect]
-                if self.settings.fair_shares:
-                    over = self._over_share(tier)
-                    over_here = [e for e in here if e.tenant in over]
-                    if over_here:
-                        here = over_here
-                if not here and protect in self._entries and self._entries[protect].tier == tier.name:
-                    here = [self._entries[protect]]
-                if not here:
-                    break
-                victim = min(here, key=self._eviction_key)
-                if lower is not None and victim.nbytes <= lower.budget:
-                    tensors = tier.get(victim.id)
-                    self._unplace(victim)
-                    self._place(victim, lower, tensors)
-                else:
-                    self._drop(victim)
-                    self._count(victim.tenant, "evictions")
+    def _add(self, entry_id: str, namespace: Namespace, index: VectorIndex, unit: np.ndarray, tensors: Tensors, *,
+             expires_at: float, accesses: list[float], reuse_similarity: float, source: str | None,
+             primary: int | None = None) -> Entry:
+        """File a new entry: its vector in the namespace's index, its keys (LSH and exact), its tensors in
+        the fastest tier. The one place an :class:`Entry` is made (a store and a restore alike).
+        ``primary``: the vector's table-0 bucket, where the caller has it already."""
+        tenant, model_id, salt = namespace
+        exact = exact_hash(unit)
+        slot = index.add(entry_id, unit)
+        key = lsh_key(index.lsh, index.lsh.keys(unit)[0] if primary is None else primary)
+        entry = Entry(entry_id, tenant, model_id, slot, exact, key, tensors_nbytes(tensors), expires_at,
+                      self.tiers[0].name, accesses[-K:], reuse_similarity, source, salt)
+        self._placement.place(entry, tensors)
+        self._entries[entry_id] = entry
+        self._exact.setdefault(namespace, {})[exact] = entry_id
+        self._shares.known.add(tenant)
+        return entry
 
     # -- the operations -------------------------------------------------------------------------
 
@@ -335,16 +236,15 @@ class SafeCache:
         nbytes = tensors_nbytes(tensors)
         if nbytes > s.max_entry_bytes:
             raise PayloadTooLargeError(f"KV payload of {nbytes} bytes exceeds the entry limit {s.max_entry_bytes}")
-        if nbytes > sum(t.budget for t in self.tiers):
+        if nbytes > self._placement.budget():
             raise PayloadTooLargeError(f"KV payload of {nbytes} bytes exceeds the cache's total budget")
         namespace = (tenant, model_id, salt or "")
         with self._lock:
             unit = self._unit(embedding, namespace)
             now = self.clock()
             index = self._namespace_index(namespace, unit.size)
-            lsh = index.lsh
             primary, members = index.primary_bucket(unit)
-            lsh_key = f"{primary:0{(lsh.bits + 3) // 4}x}"
+            key = lsh_key(index.lsh, primary)
             expires_at = now + (ttl_s if ttl_s is not None else s.ttl_s)
 
             # Near-duplicate: refresh the existing entry in place of a new one.
@@ -358,12 +258,12 @@ class SafeCache:
                     if namespace not in self._indexes:  # that was its last entry: the index is gone
                         break
                     continue
-                self._unplace(entry)
+                self._placement.unplace(entry)
                 entry.nbytes, entry.expires_at = nbytes, expires_at
-                self._place(entry, self.tiers[0], tensors)
+                self._placement.place(entry, tensors)
                 entry.source = source if source is not None else entry.source
-                self._touch(entry, float(sim))
-                self._count(tenant, "refreshes")
+                entry.touch(now, float(sim))
+                self._counters.count(tenant, "refreshes")
                 self._rebalance(protect=entry.id)
                 return PutResult(entry.id, entry.lsh_key, admitted=True, refreshed=True)
             index = self._namespace_index(namespace, unit.size)  # again: expiries above may have freed it
@@ -371,32 +271,20 @@ class SafeCache:
 
             # A bucket where distinct entries are confusable (similar enough to answer for each other)
             # too often is not safe to add to.
-            stats = self._bucket_stats.setdefault(namespace, {}).setdefault(primary, _BucketStats())
-            if stats.pairs >= s.collision_min_pairs and stats.confusable / stats.pairs > s.collision_bound:
-                self._count(tenant, "rejected_admission")
+            refusal = self._admission.refusal(namespace, primary, key)
+            if refusal is not None:
+                self._counters.count(tenant, "rejected_admission")
                 if len(index) == 0:
                     self._free_namespace(namespace)
-                return PutResult(None, lsh_key, admitted=False,
-                                 reason=f"bucket {lsh_key} collision rate {stats.confusable / stats.pairs:.3f} "
-                                        f"exceeds {s.collision_bound}")
-            bucket_sims = index.similarities(unit, members[:64])
-            stats.pairs += len(bucket_sims)
-            stats.confusable += int(np.sum(bucket_sims >= s.min_similarity))
+                return PutResult(None, key, admitted=False, reason=refusal)
+            self._admission.record(namespace, primary, index.similarities(unit, members[:COMPARED_MEMBERS]))
 
-            entry_id = uuid.uuid4().hex
-            exact = self._exact_hash(unit)
-            slot = index.add(entry_id, unit)
-            entry = Entry(entry_id, tenant, model_id, slot, exact, lsh_key, nbytes, expires_at, self.tiers[0].name,
-                          source=source, salt=salt or "")
-            self._place(entry, self.tiers[0], tensors)
-            self._touch(entry, 1.0)
-            self._entries[entry_id] = entry
-            self._exact.setdefault(namespace, {})[exact] = entry_id
-            self._known.add(tenant)
-            self._count(tenant, "stores")
-            self._rebalance(protect=entry_id)
-            admitted = entry_id in self._entries
-            return PutResult(entry_id if admitted else None, lsh_key, admitted=admitted,
+            entry = self._add(uuid.uuid4().hex, namespace, index, unit, tensors, expires_at=expires_at,
+                              accesses=[now], reuse_similarity=1.0, source=source, primary=primary)
+            self._counters.count(tenant, "stores")
+            self._rebalance(protect=entry.id)
+            admitted = entry.id in self._entries
+            return PutResult(entry.id if admitted else None, key, admitted=admitted,
                              reason=None if admitted else "evicted at once: budget too small")
 
     def lookup(
@@ -417,10 +305,10 @@ class SafeCache:
             index = self._indexes.get(namespace)
             unit = self._unit(embedding, namespace)
             if index is None or len(index) == 0:
-                self._count(tenant, "misses")
+                self._counters.count(tenant, "misses")
                 return Miss(None, "no entries for this model")
             now = self.clock()
-            exact_id = self._exact.get(namespace, {}).get(self._exact_hash(unit))
+            exact_id = self._exact.get(namespace, {}).get(exact_hash(unit))
             slots = index.candidates(unit)
             if exact_id is not None and exact_id in self._entries:
                 slots = sorted(set(slots) | {self._entries[exact_id].slot})
@@ -434,13 +322,13 @@ class SafeCache:
                     continue
                 best = float(sim) if best is None else best
                 if sim >= threshold:
-                    self._touch(entry, float(sim))
-                    self._count(tenant, "hits")
-                    return Hit(entry.id, float(sim), self._tier_by_name[entry.tier].get(entry.id))
+                    entry.touch(now, float(sim))
+                    self._counters.count(tenant, "hits")
+                    return Hit(entry.id, float(sim), self._placement.tensors(entry))
                 break
-            self._count(tenant, "misses")
+            self._counters.count(tenant, "misses")
             if best is not None:
-                self._count(tenant, "rejected_below_threshold")
+                self._counters.count(tenant, "rejected_below_threshold")
                 return Miss(best, f"best similarity {best:.4f} is below {threshold}")
             return Miss(None, "no candidate in the query's LSH buckets")
 
@@ -476,7 +364,7 @@ class SafeCache:
     def tenant_stats(self) -> dict[str, dict[str, Any]]:
         """Per tenant: entries, bytes per tier, share, models (for operators, never for tenants)."""
         with self._lock:
-            tenants = self._known | set(self._counters)
+            tenants = self._shares.known | self._counters.tenants()
             return {t: self.stats(t) for t in sorted(tenants)}
 
     def index_overhead(self) -> dict[str, int]:
@@ -494,7 +382,8 @@ class SafeCache:
         return self._indexes[entry.namespace].vector(entry.slot).copy()
 
     def tensors_of(self, entry: Entry) -> Tensors:
-        return self._tier_by_name[entry.tier].get(entry.id)
+        with self._lock:
+            return self._placement.tensors(entry)
 
     def invalidate_source(self, tenant: str | None, source: str) -> int:
         """Drop the entries stored from ``source`` (of one tenant, or of all with ``None``)."""
@@ -534,15 +423,7 @@ class SafeCache:
             if existing is not None and existing.dim != unit.size:
                 raise BadRequestError(f"entry {entry_id}: dimension {unit.size} does not match its model's {existing.dim}")
             index = self._namespace_index(namespace, unit.size)
-            primary = index.lsh.keys(unit)[0]
-            exact = self._exact_hash(unit)
-            slot = index.add(entry_id, unit)
-            entry = Entry(entry_id, tenant, model_id, slot, exact, f"{primary:0{(index.lsh.bits + 3) // 4}x}",
-                          tensors_nbytes(tensors), expires_at, self.tiers[0].name, list(accesses)[-K:],
-                          reuse_similarity, source, salt or "")
-            self._place(entry, self.tiers[0], tensors)
-            self._entries[entry_id] = entry
-            self._exact.setdefault(namespace, {})[exact] = entry_id
-            self._known.add(tenant)
+            self._add(entry_id, namespace, index, unit, tensors, expires_at=expires_at, accesses=list(accesses),
+                      reuse_similarity=reuse_similarity, source=source)
             self._rebalance()
             return entry_id in self._entries
