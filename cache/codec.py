@@ -95,7 +95,7 @@ def safetensors_chunks(tensors: Tensors) -> tuple[int, list[Any]]:
             raise BadRequestError(f"tensor {name!r} has dtype {t.dtype}, which safetensors cannot carry")
         nbytes = t.numel() * t.element_size()
         header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
-        views.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()) if nbytes else b"")
+        views.append(memoryview(t.reshape(-1).view(torch.uint8).numpy().data) if nbytes else b"")
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does

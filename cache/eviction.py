@@ -104,8 +104,9 @@ class Placement:
                     over_here = [e for e in here if e.tenant in over]
                     if over_here:
                         here = over_here
-                if not here and protect in entries and entries[protect].tier == tier.name:
-                    here = [entries[protect]]
+                kept = entries.get(protect) if protect is not None else None
+                if not here and kept is not None and kept.tier == tier.name:
+                    here = [kept]
                 if not here:
                     break
                 victim = min(here, key=self.eviction_key)

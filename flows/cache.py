@@ -21,16 +21,16 @@ def cache_warmup(stream: str, lake: str | None = None, cache_url: str | None = N
     from mmlake.settings import LakeSettings
 
     logger = get_run_logger()
-    lake = LakeSettings().with_overrides(lake=lake)
-    options = dict(lake.storage_options)
-    tables = lake.tables(stream)
-    with LineageEmitter.for_lake(lake).run(f"cache-warmup.{stream}", str(flow_run.id),
+    settings = LakeSettings().with_overrides(lake=lake)
+    options = dict(settings.storage_options)
+    tables = settings.tables(stream)
+    with LineageEmitter.for_lake(settings).run(f"cache-warmup.{stream}", str(flow_run.id),
                                        inputs=lambda: table_inputs(tables, ("features", "drift"),
                                                                    existing_only=True)) as run:
-        keyed, versions = precompute_keys(lake.lake, stream, CacheSettings(), storage_options=options)
+        keyed, versions = precompute_keys(settings.lake, stream, CacheSettings(), storage_options=options)
         if not versions:
             logger.info("stream %s has no features table yet: nothing to key", stream)
-        alarm = new_drift_alarm(lake.lake, stream, storage_options=options)
+        alarm = new_drift_alarm(settings.lake, stream, storage_options=options)
         invalidated = 0
         if alarm and cache_url and token:
             from mmlake.cache.client import SafeCacheClient

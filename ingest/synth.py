@@ -136,10 +136,10 @@ def augment(img: PIL.Image.Image, kind: int, rng: np.random.Generator) -> PIL.Im
         img.save(buf, "JPEG", quality=75)
         return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
     if kind == 1:
-        return img.crop((5, 5, size - 5, size - 5)).resize((size, size), Image.BICUBIC)
+        return img.crop((5, 5, size - 5, size - 5)).resize((size, size), Image.Resampling.BICUBIC)
     if kind == 2:
         small = int(size * 0.71)
-        return img.resize((small, small), Image.BILINEAR).resize((size, size), Image.BILINEAR)
+        return img.resize((small, small), Image.Resampling.BILINEAR).resize((size, size), Image.Resampling.BILINEAR)
     if kind == 3:
         shifted = np.asarray(img).astype(np.int16) + rng.integers(-8, 9, 3)
         return Image.fromarray(np.clip(shifted, 0, 255).astype(np.uint8))

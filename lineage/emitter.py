@@ -22,24 +22,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
-
 from mmlake.lake import is_local, lake_root
-from mmlake.settings import LakeSettings, Settings
+from mmlake.lineage.settings import LineageSettings
+from mmlake.settings import LakeSettings
 
 log = logging.getLogger(__name__)
 
 PRODUCER = "https://github.com/mmlake/mmlake"
-
-
-class LineageSettings(Settings):
-    """mmlake's own lineage settings (the transport is OpenLineage's standard configuration)."""
-
-    model_config = SettingsConfigDict(env_prefix="MMLAKE_LINEAGE_")
-
-    namespace: str = Field("mmlake", description="OpenLineage job namespace of mmlake's flows and tasks.")
-    timeout_s: float = Field(5.0, gt=0, description="Longest an emission may hold up a flow, seconds.")
 
 
 def _standard_config_present() -> bool:

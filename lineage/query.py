@@ -100,7 +100,8 @@ def _version_adding(uri: str, storage_options: dict[str, str] | None, app_id: st
     from deltalake import DeltaTable
 
     latest = DeltaTable(uri, storage_options=storage_options or None)
-    if latest.transaction_version(app_id) is None or latest.transaction_version(app_id) < offset:
+    committed = latest.transaction_version(app_id)
+    if committed is None or committed < offset:
         return None
     lo, hi = 0, latest.version()
     while lo < hi:

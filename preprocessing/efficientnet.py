@@ -22,7 +22,7 @@ from typing import Any
 
 from mmlake.preprocessing.errors import OperatorNotFoundError
 from mmlake.preprocessing.graphs import CLIP_MEAN, CLIP_STD
-from mmlake.preprocessing.registry import file_sha256
+from mmlake.preprocessing.hashing import file_sha256
 
 #: timm's name for the architecture the checkpoint fits.
 ARCH = "tf_efficientnet_lite0"

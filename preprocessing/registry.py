@@ -307,14 +307,6 @@ def default_cache_dir() -> Path:
     return Path(base) / "mmlake" / "operators"
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write via a temporary file and a rename, so a reader never sees half a model."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import pytest
 
 from mmlake.cache.settings import CacheSettings
 from mmlake.ingest.settings import IngestSettings
-from mmlake.lineage.emitter import LineageSettings
+from mmlake.lineage.settings import LineageSettings
 from mmlake.preprocessing.drift.settings import DriftSettings
 from mmlake.preprocessing.settings import PreprocessSettings
 from mmlake.settings import LakeSettings, Settings

@@ -12,7 +12,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 REPO = Path(__file__).parents[2]
-SPEC = Path(os.environ.get("MMLAKE_OPENLINEAGE_SPEC", REPO.parent / "shared" / "spec" / "openlineage"))
+#: The OpenLineage spec vendored beside this file (licence and origin in its SOURCE.md); another copy
+#: (a newer spec, say) through MMLAKE_OPENLINEAGE_SPEC.
+SPEC = Path(os.environ.get("MMLAKE_OPENLINEAGE_SPEC", Path(__file__).parent / "openlineage"))
 SPEC_PRESENT = (SPEC / "OpenLineage.json").exists()
 MISSING = f"the vendored OpenLineage spec is not at {SPEC} (set MMLAKE_OPENLINEAGE_SPEC)"
 
