@@ -97,7 +97,7 @@ def run(images: int = 64, texts: int = 128, repeats: int = 3) -> dict[str, Any]:
 
     from mmlake.preprocessing.efficientnet import encoder_module, load_network
 
-    trained_spec = registry.operator("image_efficientnet_lite0@1")
+    trained_spec = registry.operator("image_efficientnet_lite0@2")
     trained_op = load(trained_spec, registry, options)
     trained = encoder_module(load_network(trained_spec.models[-1].params["weights_sha256"]))
 

@@ -36,11 +36,13 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
+from pydantic import ConfigDict
 
 from mmlake.errors import InputError
 from mmlake.preprocessing.drift.codebook import Codebook, LeaveOut
 from mmlake.preprocessing.drift.ewma import Direction, Ewma
 from mmlake.preprocessing.drift.measures import entropy, js_divergence, smoothed
+from mmlake.preprocessing.drift.settings import DriftParameters, DriftSettings
 from mmlake.preprocessing.errors import DriftStateError
 
 MISSING, NAN, ZERO_NORM, ERROR = -1, -2, -3, -4
@@ -50,29 +52,27 @@ _LN2 = math.log(2)
 CALIBRATION_DRAWS = 256
 
 
-@dataclass(frozen=True)
-class DriftConfig:
-    window: int = 128
-    step: int = 16
-    reference: int = 1024
-    codes: int = 16
-    seed: int = 0
-    k: float = 7.0
-    ewma_lambda: float = 0.02
-    warmup: int = 0
-    confirm: int = 2
-    clear: int = 4
-    sigma_floor: float = 0.01
-    min_valid: float = 0.5
-    decay_windows: int = 8
-    alpha: float = 0.5
+class DriftConfig(DriftParameters):
+    """The detector's configuration: :class:`DriftParameters` (as :class:`DriftSettings` gives them, or as
+    a drift table was scored with) and the EWMA's sigma floor. Windows and reference are checked at
+    construction (an :class:`InputError`)."""
 
-    def __post_init__(self) -> None:
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    sigma_floor: float = 0.01
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
         if self.window < 8 or self.step < 1 or self.step > self.window:
             raise InputError(f"drift windows need window >= 8 and 1 <= step <= window (got {self.window}, {self.step})")
         if self.reference < self.least_reference:
             raise InputError(f"a reference of {self.reference} samples is too small for {self.codes} codes and "
                              f"{self.window}-sample windows (at least {self.least_reference})")
+
+    @classmethod
+    def of(cls, settings: DriftSettings) -> DriftConfig:
+        """The configuration of ``settings``, field for field."""
+        return cls(**settings.model_dump())
 
     @property
     def least_reference(self) -> int:
@@ -82,7 +82,8 @@ class DriftConfig:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.__dict__, sort_keys=True).encode()).hexdigest()
+        """The digest a drift table records of the configuration it was scored with."""
+        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()
 
 
 @dataclass

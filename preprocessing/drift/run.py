@@ -33,9 +33,9 @@ from mmlake.preprocessing.drift.detector import (ERROR, MISSING, NAN, STATUS_NAM
 from mmlake.preprocessing.errors import DriftStateError
 from mmlake.preprocessing.registry import OperatorSpec, load_registry
 from mmlake.preprocessing.drift.settings import DriftSettings
+from mmlake.preprocessing.drift.state import STATE_KEY, DriftState, latest_state
 from mmlake.preprocessing.settings import PreprocessSettings
 
-STATE_KEY = "mmlake.drift.state"
 
 DRIFT_SCHEMA = pa.schema([
     pa.field("window_start", UTC_US, nullable=False),
@@ -178,16 +178,6 @@ def _after(samples: Samples, cursor: tuple[int, str] | None) -> int:
 
 # -- state --------------------------------------------------------------------------------------
 
-def latest_state(dt: Any) -> dict[str, Any] | None:
-    """The detector state of the newest commit that carries one."""
-    if dt is None:
-        return None
-    for entry in dt.history():
-        if STATE_KEY in entry:
-            return json.loads(entry[STATE_KEY])
-    return None
-
-
 def _codebook_rows(dt: Any) -> list[dict[str, Any]]:
     """The codebook table's rows (one per modality; none without the table), read once per run."""
     return scan(dt).to_pylist() if dt is not None else []
@@ -223,13 +213,13 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=schema.names).cast(schema)
 
 
-def _commit(tables: StreamTables, rows: pa.Table, state: dict[str, Any], seen: int, overwrite: bool) -> None:
+def _commit(tables: StreamTables, rows: pa.Table, state: DriftState, seen: int, overwrite: bool) -> None:
     """The windows' rows and the detector state in one commit, moving the counter from ``seen``."""
     app = app_id(tables.stream)
     dt = tables.open("drift")
     try:
         lake_commit(dt if dt is not None else tables.uri("drift"), rows, txns={app: seen + 1}, expect={app: seen},
-                    metadata={STATE_KEY: json.dumps(state, sort_keys=True)},
+                    metadata={STATE_KEY: state.to_json()},
                     mode="overwrite" if overwrite else "append", storage_options=tables.options,
                     name=f"{tables.stream}.drift")
     except CommitRaceLost as err:
@@ -275,19 +265,19 @@ def _describe(chosen: tuple[int, int] | None, cfg: DriftConfig) -> str:
     return f"{format_us(chosen[0])}..{format_us(chosen[1])}" if chosen else f"the first {cfg.reference} samples"
 
 
-def _settled_config(cfg: DriftConfig, pinned: dict[str, Any], settings: DriftSettings) -> tuple[DriftConfig, str]:
+def _settled_config(cfg: DriftConfig, pinned: DriftState, settings: DriftSettings) -> tuple[DriftConfig, str]:
     """The configuration to continue a drift table with, and a note. Settings the user set
     (environment or arguments) must match the ones the table was scored with; where only a default
     changed (a new release), the table keeps its own, so a scheduled run never stops on an upgrade."""
-    known = {k: v for k, v in pinned["config"].items() if k in DriftConfig.__dataclass_fields__}
-    old = DriftConfig(**known)
-    changed = [k for k in cfg.__dict__ if cfg.__dict__[k] != old.__dict__[k]]
+    old = DriftConfig(**pinned.config)
+    new, was = cfg.model_dump(), old.model_dump()
+    changed = [k for k in new if new[k] != was[k]]
     chosen = [k for k in changed if k in settings.model_fields_set]
-    if chosen or old.sha256 != pinned["config_sha256"]:
+    if chosen or old.sha256 != pinned.config_sha256:
         raise DriftStateError("drift settings changed since the reference was fitted "
-                              f"({_config_diff(pinned['config'], cfg.__dict__)}): rerun with the old "
+                              f"({_config_diff(pinned.config, new)}): rerun with the old "
                               "settings, or `mmlake drift --rebuild` to start over with the new ones")
-    return old, (f"; scored with the settings it was started with (new defaults: {_config_diff(pinned['config'], cfg.__dict__)}; "
+    return old, (f"; scored with the settings it was started with (new defaults: {_config_diff(pinned.config, new)}; "
                  "`mmlake drift --rebuild` moves it to them)")
 
 
@@ -312,12 +302,12 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         raise InputError(f"the reference range {format_us(reference_range[0])}..{format_us(reference_range[1])} "
                          "is empty")
     settings = settings or DriftSettings()
-    cfg = settings.config()
+    cfg = DriftConfig.of(settings)
     tables = StreamTables(lake, stream, dict(storage_options or {}))
     drift_dt = tables.open("drift")
     pinned = latest_state(drift_dt)  # the state of the last drift commit, read once
-    if keep_settings and pinned is not None and pinned.get("config"):
-        cfg = DriftConfig(**pinned["config"])
+    if keep_settings and pinned is not None and pinned.config:
+        cfg = DriftConfig(**pinned.config)
     summary = DriftSummary(stream)
     features = tables.open("features")
     if features is None:
@@ -329,7 +319,7 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     # its embeddings are not comparable with the reference's, so the stream is rescored from a reference
     # refitted on the new operator's rows, as `--rebuild` would; a scheduled run never stops on it.
     moved = [] if rebuild or pinned is None else sorted(
-        m for m, sha in (pinned.get("operators") or {}).items() if op_pins.get(m) != sha)
+        m for m, sha in pinned.operators.items() if op_pins.get(m) != sha)
     rebuild = rebuild or bool(moved)
     counter = txn_version(drift_dt, app_id(stream))
     state = None if rebuild else pinned
@@ -370,20 +360,20 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
             raise DriftStateError(f"{tables.uri('drift')} has a state but {tables.uri('drift_codebook')} is gone: "
                                   "`mmlake drift --rebuild`")
         ref = _load_reference(book_rows)
-        if ref.sha256 != state["codebook_sha256"]:
-            raise DriftStateError(f"the drift state was scored with codebook {state['codebook_sha256'][:12]}, the "
+        if ref.sha256 != state.codebook_sha256:
+            raise DriftStateError(f"the drift state was scored with codebook {state.codebook_sha256[:12]}, the "
                                   f"pinned codebook is {ref.sha256[:12]}: `mmlake drift --rebuild`")
         note = ""
-        if state["config_sha256"] != cfg.sha256:
+        if state.config_sha256 != cfg.sha256:
             cfg, note = _settled_config(cfg, state, settings)
-        changed = sorted(m for m in ref.codebooks if state["operators"].get(m) != op_pins.get(m))
+        changed = sorted(m for m in ref.codebooks if state.operators.get(m) != op_pins.get(m))
         if changed:
             raise DriftStateError(f"the default operator of {', '.join(changed)} changed since the codebooks were "
                                   "fitted (its embeddings are not comparable): `mmlake drift --rebuild`")
-        since = state["detector"]["tail_from_us"]
-        cursor = (int(state["cursor"][0]), str(state["cursor"][1]))
+        since = state.detector["tail_from_us"]
+        cursor = state.cursor
         samples = read_samples(features, ops, since if since is not None else cursor[0])
-        tail_ids = state["detector"]["tail_ids"]
+        tail_ids = state.detector["tail_ids"]
         index = {s: i for i, s in enumerate(samples.ids)}
         missing = [s for s in tail_ids if s not in index]
         if missing:
@@ -392,9 +382,9 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         tail = _take(samples, [index[s] for s in tail_ids])
         start = _after(samples, cursor)
         new = samples.slice(start, len(samples))
-        detector = Detector(cfg, ref, state["detector"], tail)
-        consumed_before = int(state["consumed"])
-        offset = int(state.get("offset", cfg.reference))
+        detector = Detector(cfg, ref, state.detector, tail)
+        consumed_before = state.consumed
+        offset = cfg.reference if state.offset is None else state.offset
         reference_end = cursor
         summary.status = "continued from the last drift commit" + note
 
@@ -416,10 +406,9 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         summary.status += "; nothing new"
         return summary
     last = (int(new.times[-1]), new.ids[-1]) if len(new) else reference_end
-    new_state = {"codebook_sha256": ref.sha256, "config_sha256": cfg.sha256, "config": cfg.__dict__,
-                 "operators": {m: op_pins.get(m) for m in ref.codebooks},
-                 "consumed": consumed_before + len(new), "cursor": list(last), "offset": offset,
-                 "reference_range": list(chosen) if chosen else None, "detector": detector.state()}
+    new_state = DriftState(codebook_sha256=ref.sha256, config_sha256=cfg.sha256, config=cfg.model_dump(),
+                           operators={m: op_pins.get(m) for m in ref.codebooks}, consumed=consumed_before + len(new),
+                           cursor=last, offset=offset, reference_range=chosen, detector=detector.state())
     for r in rows:
         r["first_sample"] += offset  # counted from the stream's first sample
         r["codebook_sha256"] = ref.sha256
@@ -453,8 +442,9 @@ def _same_rows(dt: Any, table: pa.Table) -> bool:
     return held.select(DRIFT_SCHEMA.names).cast(DRIFT_SCHEMA).sort_by(keys).equals(table.sort_by(keys))
 
 
-def state_matches(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
-    return old is not None and json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
+def state_matches(old: DriftState | None, new: DriftState) -> bool:
+    """Whether two states are the same state (as the commit metadata would hold them)."""
+    return old is not None and old.to_json() == new.to_json()
 
 
 def _take(samples: Samples, idx: list[int]) -> Samples:

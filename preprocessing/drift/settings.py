@@ -1,23 +1,24 @@
-"""Drift settings, read from ``MMLAKE_DRIFT_...`` environment variables."""
+"""Drift settings, read from ``MMLAKE_DRIFT_...`` environment variables, and the choice of a reference.
+
+The parameters of the detector are declared once, in :class:`DriftParameters`: the user-facing
+:class:`DriftSettings` binds them to the environment, the detector's
+:class:`~mmlake.preprocessing.drift.detector.DriftConfig` adds what users do not set.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
+from mmlake.errors import InputError
+from mmlake.lake import time_range
 from mmlake.settings import Settings
 
-if TYPE_CHECKING:
-    from mmlake.preprocessing.drift.detector import DriftConfig
 
+class DriftParameters(BaseModel):
+    """What decides how drift is measured: windows, reference, codebooks, thresholds."""
 
-class DriftSettings(Settings):
-    """Settings of the drift runs. Every field is bound to ``MMLAKE_DRIFT_<NAME>``. Changing one that
-    decides a metric's value after the reference was fitted needs ``mmlake drift --rebuild``."""
-
-    model_config = SettingsConfigDict(env_prefix="MMLAKE_DRIFT_")
+    model_config = ConfigDict(frozen=True)
 
     window: int = Field(128, ge=8, description="Samples per window.")
     step: int = Field(16, ge=1, description="Samples between the starts of consecutive windows.")
@@ -33,8 +34,37 @@ class DriftSettings(Settings):
     decay_windows: int = Field(8, ge=3, description="Windows of mutual-information history the decay rate is fitted over.")
     alpha: float = Field(0.5, gt=0, description="Pseudo-count added to every cell of the reference distributions (divergences).")
 
-    def config(self) -> DriftConfig:
-        """The detector's configuration: these settings, field for field."""
-        from mmlake.preprocessing.drift.detector import DriftConfig
 
-        return DriftConfig(**self.model_dump())
+class DriftSettings(Settings, DriftParameters):
+    """Settings of the drift runs. Every field is bound to ``MMLAKE_DRIFT_<NAME>``. Changing one that
+    decides a metric's value after the reference was fitted needs ``mmlake drift --rebuild``."""
+
+    model_config = SettingsConfigDict(env_prefix="MMLAKE_DRIFT_")
+
+
+class ReferenceRange(BaseModel):
+    """Which samples the drift reference is fitted on: those with ``start <= event time < end`` (RFC 3339
+    or epoch ms; both or neither), or with ``first`` the stream's first ``reference`` samples again.
+    Neither: a new stream's first samples, or the reference the codebooks were fitted on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: str | None = Field(None, description="First event time of the reference range (inclusive).")
+    end: str | None = Field(None, description="End of the reference range (exclusive).")
+    first: bool = Field(False, description="Back to the stream's first samples.")
+
+    def bounds_us(self) -> tuple[int, int] | None:
+        """The range ``[start, end)`` as epoch µs, None without one; a one-line :class:`InputError` for
+        half a range, an empty one, or a range together with ``first``."""
+        if self.start is None and self.end is None:
+            return None
+        if self.start is None or self.end is None:
+            raise InputError("a reference range needs both --reference-from and --reference-to")
+        if self.first:
+            raise InputError("choose a reference range or the stream's first samples, not both")
+        return time_range(self.start, self.end, requirement="--reference-from must be before --reference-to")
+
+    @property
+    def moves(self) -> bool:
+        """Whether this asks for another reference than the one the codebooks were fitted on."""
+        return self.first or self.start is not None or self.end is not None

@@ -207,7 +207,7 @@ def test_the_example_runs_against_a_cache_server_it_starts_and_prints_ttft_with_
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    assert "SEEDED weights" in out and "image_efficientnet_lite0@1 embeddings (trained)" in out
+    assert "SEEDED weights" in out and "image_efficientnet_lite0@2 embeddings (trained)" in out
     lines = dict(re.findall(r"^\s+(image [^\n]*?)\s+time to first token\s+[\d.]+ ms\s+(hit|miss)", out, re.M))
     assert lines == {"image A": "miss", "image A again": "hit", "image A, cropped": "hit",
                      "image A, JPEG q75": lines.get("image A, JPEG q75"), "image B": "miss", "image B again": "hit"}, out

@@ -96,7 +96,7 @@ def test_the_trained_image_encoder_matches_its_torch_network(ops, registry) -> N
 
     from mmlake.preprocessing.efficientnet import encoder_module, load_network
 
-    spec = registry.operator("image_efficientnet_lite0@1")
+    spec = registry.operator("image_efficientnet_lite0@2")
     assert ops["image"].spec == spec and spec.trained, "the trained encoder is the default image operator"
     pixels = np.stack([ops["image"].prepare(_png(_photo(240, 320, seed=i))) for i in range(3)])
     with torch.no_grad():
