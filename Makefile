@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.mmlake-installed
 # top-level folders to mmlake.<package> (mypy and IDEs follow it). A module added or removed changes
 # its folder, and the tree is rebuilt.
 EDITABLE := --config-settings editable_mode=strict
-PACKAGE_DIRS := mmlake ingest preprocessing preprocessing/drift lineage cache flows
+PACKAGE_DIRS := mmlake ingest preprocessing preprocessing/drift lineage cache flows flows/cli
 
 .PHONY: demo test bench install clean
 

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 
+from mmlake.settings import LakeSettings
+
+
+@dataclass(frozen=True)
+class WarmupResult:
+    """What a warm-up did: feature rows keyed (and the LSH versions used), whether a new drift alarm was
+    seen, and how many cache entries it invalidated."""
+
+    keyed: int
+    lsh_versions: list[str]
+    drift_alarm: bool
+    invalidated: int
+
 
 @flow(name="cache-warmup")
-def cache_warmup(stream: str, lake: str | None = None, cache_url: str | None = None,
-                 token: str | None = None) -> dict[str, Any]:
+def cache_warmup(stream: str, lake: LakeSettings | None = None, cache_url: str | None = None,
+                 token: str | None = None) -> WarmupResult:
     """Key the stream's new feature rows; when the drift table raised an alarm since the last run,
     drop the cache entries stored from this stream (on the server at ``cache_url``, with ``token``)."""
     from prefect.runtime import flow_run
@@ -18,10 +31,9 @@ def cache_warmup(stream: str, lake: str | None = None, cache_url: str | None = N
     from mmlake.cache.warmup import new_drift_alarm, precompute_keys
     from mmlake.lineage import LineageEmitter
     from mmlake.lineage.datasets import table_inputs, table_outputs
-    from mmlake.settings import LakeSettings
 
     logger = get_run_logger()
-    settings = LakeSettings().with_overrides(lake=lake)
+    settings = lake or LakeSettings()
     options = dict(settings.storage_options)
     tables = settings.tables(stream)
     with LineageEmitter.for_lake(settings).run(f"cache-warmup.{stream}", str(flow_run.id),
@@ -41,4 +53,4 @@ def cache_warmup(stream: str, lake: str | None = None, cache_url: str | None = N
         elif alarm:
             logger.warning("drift alarm on %s, but no cache_url/token to invalidate entries on", stream)
         run.complete(outputs=table_outputs(tables, ["cache_keys"], {"cache_keys": keyed}, existing_only=True))
-    return {"keyed": keyed, "lsh_versions": versions, "drift_alarm": alarm, "invalidated": invalidated}
+    return WarmupResult(keyed, versions, alarm, invalidated)

@@ -18,7 +18,10 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mmlake.settings import LakeSettings
 
 #: Bad records the demo sends, one per dead-letter reason.
 _MALFORMED: list[tuple[str, bytes, list[tuple[str, bytes]]]] = [
@@ -47,9 +50,9 @@ def _progress(label: str, done: int, total: int) -> None:
 def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") -> int:
     """Run the demo and print its summary; returns the process exit code."""
     from mmlake.flows.ingest import ingest_stream
-    from mmlake.ingest import EmbeddedBroker, MultimodalProducer, ensure_topic, synth
+    from mmlake.ingest import EmbeddedBroker, IngestSettings, MultimodalProducer, ensure_topic, synth
     from mmlake.ingest.tables import dead_letter_reasons, outcome_counts
-    from mmlake.lake import StreamTables, table_uri
+    from mmlake.lake import table_uri
 
     from mmlake.lineage import default_events_path
 
@@ -88,48 +91,50 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
             sent = total
             _progress("produce", total, total)
         t0 = time.monotonic()
-        first = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=broker.bootstrap)
+        settings = IngestSettings().with_overrides(lake=lake, kafka_bootstrap=broker.bootstrap)
+        first = ingest_stream(topic=topic, stream=stream, settings=settings)
         seconds = time.monotonic() - t0
-        second = ingest_stream(topic=topic, stream=stream, lake=lake, bootstrap=broker.bootstrap)
+        second = ingest_stream(topic=topic, stream=stream, settings=settings)
 
-    tables = StreamTables(lake, stream)
+    tables = settings.tables(stream)
     rows = outcome_counts(tables)
     reasons = dead_letter_reasons(tables)
     print()
     print(f"mmlake demo: {sent} records produced ({samples} samples), ingested in {seconds:.1f}s")
-    print(f"  accepted={first['accepted']} late={first['late']} duplicates={first['duplicates']} "
-          f"dead_lettered={first['dead_lettered']} watermark={first['watermark']}")
+    print(f"  accepted={first.accepted} late={first.late} duplicates={first.duplicates} "
+          f"dead_lettered={first.dead_lettered} watermark={first.watermark}")
     print(f"  dead-letter reasons: {', '.join(reasons)}")
-    print(f"  second run (exactly-once check): accepted={second['accepted']} late={second['late']} "
-          f"dead_lettered={second['dead_lettered']}")
+    print(f"  second run (exactly-once check): accepted={second.accepted} late={second.late} "
+          f"dead_lettered={second.dead_lettered}")
     from mmlake.flows.preprocess import backfill_features, preprocess_stream
-    from mmlake.preprocessing.features import PreprocessSummary
+    from mmlake.flows.stages import BackfillPlan
 
     t0 = time.monotonic()
-    features = PreprocessSummary(**preprocess_stream(
-        stream=stream, lake=lake, progress=lambda done, total: _progress("features", done, total or rows["raw"])))
+    features = preprocess_stream(stream=stream, lake=settings, progress=lambda done, total: _progress(
+        "features", done, total or rows["raw"])).summary
     print(f"  features ({time.monotonic() - t0:.1f}s, including generating the encoders on first use):")
     print(f"    {features.line()}")
     hour = ("2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z")
-    forced = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake, force=True,
+    plan = BackfillPlan(start=hour[0], end=hour[1], stages="preprocess")
+    forced = backfill_features(stream=stream, plan=plan.model_copy(update={"force": True}), lake=settings,
                                progress=lambda done, total: _progress("backfill", done, total))
-    rerun = backfill_features(stream=stream, start=hour[0], end=hour[1], lake=lake)
-    print(f"  backfill {hour[0]}..{hour[1]}: {forced['rows']} rows recomputed; rerun rewrote {rerun['rows']} "
-          f"({rerun['skipped_ranges']} day(s) already up to date)")
-    drift = _drift(lake, stream, samples, shuffle_at)
+    rerun = backfill_features(stream=stream, plan=plan, lake=settings)
+    print(f"  backfill {hour[0]}..{hour[1]}: {forced.rows} rows recomputed; rerun rewrote {rerun.rows} "
+          f"({rerun.skipped_ranges} day(s) already up to date)")
+    drift = _drift(settings, stream, samples, shuffle_at)
     # What each image shows, from its caption: only captions before the pairing shuffle tell the truth.
     captions = {p.sample_id: p.payload.decode() for p in parts
                 if p.modality == "text" and int(p.sample_id.rsplit("-", 1)[1]) < shuffle_at}
-    cache = _cache(lake, stream, captions, alarm=drift["raised"])
+    cache = _cache(settings, stream, captions, alarm=drift["raised"])
 
     events = _lines(events_path) - events_before
     summary = [
         ("raw / late / dlq rows", f"{rows['raw']} / {rows['late']} / {rows['dlq']}   ({Path(table_uri(lake, stream, 'raw')).parent})"),
-        ("duplicates / dead-lettered", f"{first['duplicates']} / {first['dead_lettered']} ({', '.join(reasons)})"),
-        ("second ingest run", f"{second['accepted']} new rows (exactly once)"),
+        ("duplicates / dead-lettered", f"{first.duplicates} / {first.dead_lettered} ({', '.join(reasons)})"),
+        ("second ingest run", f"{second.accepted} new rows (exactly once)"),
         ("features", f"{features.rows} rows, {features.errors} errors"
                      + _untrained(features.operators)),
-        ("backfill rerun", f"{rerun['rows']} rows rewritten ({rerun['skipped_ranges']} day(s) up to date)"),
+        ("backfill rerun", f"{rerun.rows} rows rewritten ({rerun.skipped_ranges} day(s) up to date)"),
         ("drift alarms", drift["alarms"]),
         ("cache", cache["line"]),
         ("cache after the drift alarm", cache["after"]),
@@ -146,8 +151,8 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     print(f"     mmlake drift --lake {lake} --stream {stream}   (docs/drift.md)")
     print(f"     mmlake backfill --lake {lake} --stream {stream} --from {hour[0]} --to {hour[1]} --force")
     expected = {"raw": len(parts), "late": 3, "dlq": len(_MALFORMED)}
-    ok = rows == expected and second["accepted"] == 0
-    ok = ok and features.rows == rows["raw"] and features.errors == 0 and rerun["rows"] == 0 and forced["rows"] > 0
+    ok = rows == expected and second.accepted == 0
+    ok = ok and features.rows == rows["raw"] and features.errors == 0 and rerun.rows == 0 and forced.rows > 0
     ok = ok and drift["ok"] and cache["ok"]
     return 0 if ok else 1
 
@@ -161,11 +166,10 @@ START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPAN_MS = 3 * 3600 * 1000
 
 
-def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, Any]:
+def _drift(lake: LakeSettings, stream: str, samples: int, shuffle_at: int) -> dict[str, Any]:
     """Drift at the default settings (a 1,024-sample reference, 128-sample windows every 16)."""
     from mmlake.flows.drift import drift_stream
     from mmlake.lake import format_us
-    from mmlake.preprocessing.drift.report import result_line
     from mmlake.preprocessing.drift.settings import DriftSettings
 
     defaults = DriftSettings()
@@ -174,8 +178,8 @@ def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, A
     which = "the defaults" if not defaults.model_fields_set else "from MMLAKE_DRIFT_*"
     print(f"  drift (reference {defaults.reference} samples, windows of {defaults.window} every {defaults.step}: "
           f"{which}; {time.monotonic() - t0:.1f}s):")
-    print(f"    {result_line(result)}")
-    raised = result["alarms_raised"]
+    print(f"    {result.line()}")
+    raised = result.summary.alarms_raised
     shuffle_us = START_MS * 1000 + shuffle_at * SPAN_MS * 1000 // samples
     first: dict[str, dict[str, Any]] = {}
     for a in raised:
@@ -191,10 +195,10 @@ def _drift(lake: str, stream: str, samples: int, shuffle_at: int) -> dict[str, A
     scored_past_shuffle = samples >= max(defaults.reference, shuffle_at) + defaults.window
     ok = "mi.image-text" in first if scored_past_shuffle else True
     ok = ok and all(a["window_end"] >= shuffle_us for a in raised)
-    return {"ok": ok, "alarms": alarms, "plot": result.get("plot"), "raised": bool(raised)}
+    return {"ok": ok, "alarms": alarms, "plot": result.plot, "raised": bool(raised)}
 
 
-def _cache(lake: str, stream: str, captions: dict[str, str], *, alarm: bool) -> dict[str, Any]:
+def _cache(lake: LakeSettings, stream: str, captions: dict[str, str], *, alarm: bool) -> dict[str, Any]:
     """An inference server's view: KV caches stored under the trained image encoder's embeddings of 12
     of the stream's images (squares and circles), looked up again (exactly; slightly perturbed; images
     of a shape no stored image shows; a stored shape in another colour; a random vector) at the
@@ -211,10 +215,9 @@ def _cache(lake: str, stream: str, captions: dict[str, str], *, alarm: bool) -> 
     from mmlake.cache.server import create_app
     from mmlake.flows.cache import cache_warmup
     from mmlake.ingest.broker import free_port
-    from mmlake.lake import StreamTables
     from mmlake.preprocessing.features import valid_rows
 
-    ids, rows = valid_rows(StreamTables(lake, stream), "image", 400)
+    ids, rows = valid_rows(lake.tables(stream), "image", 400)
     # What each image shows, from its caption ("a red circle on a dark background"; ``captions`` holds
     # those before the pairing shuffle only). Stored: images of two of the three shapes.
     shows = [tuple(captions.get(i, "").split()[1:3]) for i in ids]
@@ -270,8 +273,8 @@ def _cache(lake: str, stream: str, captions: dict[str, str], *, alarm: bool) -> 
     finally:
         server.should_exit = True
         thread.join(10)
-    print(f"  cache warm-up: {warm['keyed']} feature rows keyed; drift alarm seen: {warm['drift_alarm']}; "
-          f"{warm['invalidated']} entries of {stream} invalidated; the first lookup again: "
+    print(f"  cache warm-up: {warm.keyed} feature rows keyed; drift alarm seen: {warm.drift_alarm}; "
+          f"{warm.invalidated} entries of {stream} invalidated; the first lookup again: "
           f"{'hit' if isinstance(after, Hit) else 'miss'}")
     sims = [s for _, s in hits]
     line = (f"{len(hits)} hits (similarity {min(sims):.4f}..{max(sims):.4f}), {len(misses)} misses "
@@ -279,8 +282,8 @@ def _cache(lake: str, stream: str, captions: dict[str, str], *, alarm: bool) -> 
     ok = (all(isinstance(r, Hit) for k, r in results if k in ("exact", "perturbed"))
           and not any(isinstance(r, Hit) for k, r in results if k in ("random", "other shape")))
     if alarm:  # the warm-up must see the drift alarm and drop every entry of the stream
-        ok = ok and warm["drift_alarm"] and warm["invalidated"] == len(stored) and not isinstance(after, Hit)
+        ok = ok and warm.drift_alarm and warm.invalidated == len(stored) and not isinstance(after, Hit)
     else:
-        ok = ok and not warm["drift_alarm"] and warm["invalidated"] == 0 and isinstance(after, Hit)
-    return {"ok": ok, "line": line, "after": f"{warm['invalidated']} entries invalidated; a repeated lookup misses"
+        ok = ok and not warm.drift_alarm and warm.invalidated == 0 and isinstance(after, Hit)
+    return {"ok": ok, "line": line, "after": f"{warm.invalidated} entries invalidated; a repeated lookup misses"
             if not isinstance(after, Hit) else "entries still served (no drift alarm)"}

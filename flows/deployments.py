@@ -32,8 +32,15 @@ def ingest_deployment(
     from mmlake.flows.ingest import ingest_stream
 
     return _scheduled(ingest_stream, f"ingest-{stream}", interval_s,
-                      {"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap}, "ingest",
+                      {"topic": topic, "stream": stream, "settings": _given(lake=lake, kafka_bootstrap=bootstrap)},
+                      "ingest",
                       f"Kafka topic {topic} -> Delta stream {stream}, every {interval_s}s (available-now runs).")
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """A settings parameter as a deployment stores it: the fields given, nothing else (the worker's
+    environment gives the rest, and the storage credentials, which are never a parameter)."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _scheduled(flow: Any, name: str, interval_s: int, parameters: dict[str, Any], tag: str,
@@ -65,7 +72,7 @@ def pipeline_deployment(topic: str, stream: str, *, lake: str | None = None, boo
 
     suffix = "" if partitions is None else "-p" + "-".join(str(p) for p in sorted(partitions))
     return _scheduled(stream_pipeline, f"pipeline-{stream}{suffix}", interval_s,
-                      {"topic": topic, "stream": stream, "lake": lake, "bootstrap": bootstrap,
+                      {"topic": topic, "stream": stream, "settings": _given(lake=lake, kafka_bootstrap=bootstrap),
                        "partitions": partitions, "stages": stages}, "pipeline",
                       f"Kafka topic {topic} -> {stream}: {stages}, every {interval_s}s.")
 
@@ -76,7 +83,8 @@ def cache_warmup_deployment(stream: str, *, lake: str | None = None, interval_s:
     from mmlake.flows.cache import cache_warmup
 
     return _scheduled(cache_warmup, f"cache-warmup-{stream}", interval_s,
-                      {"stream": stream, "lake": lake, "cache_url": cache_url, "token": token}, "cache",
+                      {"stream": stream, "lake": _given(lake=lake), "cache_url": cache_url, "token": token},
+                      "cache",
                       f"LSH keys for {stream}'s new features; drop its cache entries on a drift alarm; "
                       f"every {interval_s}s.")
 

@@ -60,27 +60,22 @@ def stream_outputs(settings: IngestSettings, stream: str, summary: IngestSummary
 def ingest_stream(
     topic: str,
     stream: str,
-    lake: str | None = None,
-    bootstrap: str | None = None,
+    settings: IngestSettings | None = None,
     partitions: list[int] | None = None,
     follow: bool = False,
     max_records: int | None = None,
-    allowed_lateness_s: float | None = None,
     cancel: Any = None,
-    kafka_client: str | None = None,
-) -> dict[str, Any]:
+) -> IngestSummary:
     """Ingest what ``topic`` holds now (or keep following it) into ``<lake>/<stream>``.
 
-    Unset parameters come from the ``MMLAKE_...`` environment (see docs/configuration.md). ``cancel``
-    (a ``threading.Event``, in-process runs only): once set, a following run finishes its current
-    micro-batch and returns. Returns the run summary as a dict (accepted, late, duplicates,
-    dead_lettered, offsets, ...). ``kafka_client``: ``kafka-python`` or ``confluent-kafka``.
+    ``settings``: the lake, the broker and how to read it (default: the ``MMLAKE_...`` environment, see
+    docs/configuration.md; a deployment passes the fields it sets, the worker's environment gives the
+    rest and the storage credentials). ``cancel`` (a ``threading.Event``, in-process runs only): once
+    set, a following run finishes its current micro-batch and returns. Returns the run's summary.
     """
     from prefect.runtime import flow_run
 
-    settings = IngestSettings().with_overrides(
-        lake=lake, kafka_bootstrap=bootstrap, allowed_lateness_s=allowed_lateness_s, kafka_client=kafka_client
-    )
+    settings = settings or IngestSettings()
     job = f"ingest-stream.{stream}"
     inputs = [kafka_input(settings.kafka_bootstrap, topic)]
     with LineageEmitter.for_lake(settings).run(job, str(flow_run.id), processing="STREAMING" if follow else "BATCH",
@@ -94,7 +89,7 @@ def ingest_stream(
         markdown=_summary_markdown(summary),
         description=summary.line(),
     )
-    return summary.as_dict()
+    return summary
 
 
 def _summary_markdown(summary: IngestSummary) -> str:

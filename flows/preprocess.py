@@ -8,6 +8,7 @@ where the failed attempt's last commit left off.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -15,10 +16,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from mmlake.flows.retry import commit_is_transient
+from mmlake.flows.stages import BackfillPlan
 from mmlake.lineage import LineageEmitter, static_run_id
 from mmlake.lineage.datasets import table_inputs, table_outputs
 from mmlake.lineage.facets import operators_run_facets
 from mmlake.preprocessing.backfill import run_backfill
+from mmlake.preprocessing.drift.report import DriftResult
 from mmlake.preprocessing.features import PreprocessSummary
 from mmlake.preprocessing.incremental import run_preprocess
 from mmlake.preprocessing.settings import PreprocessSettings
@@ -33,18 +36,29 @@ def _outputs(lake: LakeSettings, stream: str, summary: PreprocessSummary) -> lis
     return table_outputs(lake.tables(stream), ["features"], {"features": summary.rows})
 
 
+@dataclass(frozen=True)
+class PreprocessResult:
+    """What a preprocessing run wrote, and the drift run after it (``then_drift``)."""
+
+    summary: PreprocessSummary
+    drift: DriftResult | None = None
+
+    def lines(self) -> list[str]:
+        """The summary lines the CLI prints."""
+        return [self.summary.line()] + ([self.drift.line()] if self.drift is not None else [])
+
+
 @task(name="compute-features", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=commit_is_transient,
       cache_policy=NO_CACHE)  # takes callbacks; results are never reused anyway
 def features_task(stream: str, lake: LakeSettings, settings: PreprocessSettings,
-                  operators: list[str] | None, max_rows: int | None,
-                  backfill: tuple[str, str, str | None, bool] | None = None,
+                  operators: list[str] | None, max_rows: int | None, backfill: BackfillPlan | None = None,
                   lineage_parent: tuple[str, str] | None = None, cancel: Any = None,
                   progress: Progress | None = None) -> PreprocessSummary:
     from prefect.runtime import task_run
 
     logger = get_run_logger()
     job = f"{lineage_parent[0]}.compute-features" if lineage_parent else f"preprocess-stream.{stream}.task"
-    run_id = str(task_run.id) if backfill is None else backfill_run_id(job, backfill[0], backfill[1])
+    run_id = str(task_run.id) if backfill is None else backfill_run_id(job, backfill)
     tables = lake.tables(stream)
     with LineageEmitter.for_lake(lake).run(job, run_id, job_type="TASK", parent=lineage_parent,
                                        inputs=lambda: table_inputs(tables, ["raw"])) as run:
@@ -58,15 +72,15 @@ def features_task(stream: str, lake: LakeSettings, settings: PreprocessSettings,
                                      operators=operators, max_rows=max_rows, run_id=run_id, stop=cancel,
                                      on_commit=committed)
         else:
-            start, end, operator, force = backfill
+            plan = backfill
 
             def advanced(done: int, total: int) -> None:
-                logger.info("backfill %s..%s: %d/%d raw rows", start, end, done, total)
+                logger.info("backfill %s..%s: %d/%d raw rows", plan.start, plan.end, done, total)
                 if progress is not None:
                     progress(done, total)
 
-            summary = run_backfill(lake.lake, stream, start, end, settings, operator=operator, force=force,
-                                   storage_options=dict(lake.storage_options), run_id=run_id,
+            summary = run_backfill(lake.lake, stream, plan.start, plan.end, settings, operator=plan.operator,
+                                   force=plan.force, storage_options=dict(lake.storage_options), run_id=run_id,
                                    on_progress=advanced)
         logger.info(summary.line())
         run.complete(outputs=_outputs(lake, stream, summary),
@@ -74,31 +88,20 @@ def features_task(stream: str, lake: LakeSettings, settings: PreprocessSettings,
     return summary
 
 
-def backfill_run_id(job: str, start: str, end: str) -> str:
-    """The lineage run id of a backfill of [start, end): the same for every rerun of the same range."""
+def backfill_run_id(job: str, plan: BackfillPlan) -> str:
+    """The lineage run id of a backfill of the plan's range: the same for every rerun of the same range."""
     from datetime import UTC, datetime
 
-    from mmlake.lake import to_epoch_us
-
-    lo, hi = to_epoch_us(start), to_epoch_us(end)
-    if lo is None or hi is None:
-        raise ValueError(f"a backfill range needs both bounds (got {start} .. {end})")
+    lo, hi = plan.bounds_us()
     return static_run_id(job, datetime.fromtimestamp(lo / 1e6, UTC), datetime.fromtimestamp(hi / 1e6, UTC))
 
 
-def _settings(lake: str | None, clip_weights: str | None, provider: str | None, threads: int | None,
-              batch_size: int | None) -> tuple[LakeSettings, PreprocessSettings]:
-    return (LakeSettings().with_overrides(lake=lake),
-            PreprocessSettings().with_overrides(clip_weights=clip_weights, provider=provider, threads=threads,
-                                                batch_size=batch_size))
-
-
 def _run(job: str, stream: str, lake: LakeSettings, settings: PreprocessSettings,
-         operators: list[str] | None, max_rows: int | None, backfill: tuple[str, str, str | None, bool] | None,
-         artifact_key: str, cancel: Any, progress: Progress | None) -> dict[str, Any]:
+         operators: list[str] | None, max_rows: int | None, backfill: BackfillPlan | None,
+         artifact_key: str, cancel: Any, progress: Progress | None) -> PreprocessSummary:
     from prefect.runtime import flow_run
 
-    run_id = str(flow_run.id) if backfill is None else backfill_run_id(job, backfill[0], backfill[1])
+    run_id = str(flow_run.id) if backfill is None else backfill_run_id(job, backfill)
     tables = lake.tables(stream)
     with LineageEmitter.for_lake(lake).run(job, run_id, inputs=lambda: table_inputs(tables, ["raw"])) as run:
         summary = features_task(stream, lake, settings, operators, max_rows, backfill, (job, run_id), cancel,
@@ -106,40 +109,44 @@ def _run(job: str, stream: str, lake: LakeSettings, settings: PreprocessSettings
         run.complete(outputs=_outputs(lake, stream, summary),
                      run_facets=operators_run_facets(summary.operators, summary.runtime))
     create_markdown_artifact(key=artifact_key, markdown=summary_markdown(summary), description=summary.line())
-    return summary.as_dict()
+    return summary
 
 
 @flow(name="preprocess-stream", log_prints=False)
-def preprocess_stream(stream: str, lake: str | None = None, operators: list[str] | None = None,
-                      max_rows: int | None = None, clip_weights: str | None = None, provider: str | None = None,
-                      threads: int | None = None, batch_size: int | None = None,
-                      then_drift: bool = False, cancel: Any = None, progress: Any = None) -> dict[str, Any]:
+def preprocess_stream(stream: str, lake: LakeSettings | None = None, settings: PreprocessSettings | None = None,
+                      operators: list[str] | None = None, max_rows: int | None = None, then_drift: bool = False,
+                      cancel: Any = None, progress: Any = None) -> PreprocessResult:
     """Compute the features rows ``<lake>/<stream>`` is missing, with the default operator of each
     modality (or the given ``operators``, NAME@VERSION); with ``then_drift``, run the drift flow on the
-    stream afterwards (a subflow). Unset parameters come from ``MMLAKE_...``. In-process runs may pass
+    stream afterwards (a subflow). Unset settings come from ``MMLAKE_...``. In-process runs may pass
     ``cancel`` (a ``threading.Event``: the run stops after its current commit) and ``progress`` (called
     with the rows committed so far, and 0)."""
-    lake_settings, settings = _settings(lake, clip_weights, provider, threads, batch_size)
-    out = _run(f"preprocess-stream.{stream}", stream, lake_settings, settings, operators, max_rows, None,
-               f"preprocess-{stream}".lower().replace("_", "-"), cancel, progress)
-    if then_drift:
-        from mmlake.flows.drift import drift_stream
+    lake = lake or LakeSettings()
+    summary = _run(f"preprocess-stream.{stream}", stream, lake, settings or PreprocessSettings(), operators,
+                   max_rows, None, f"preprocess-{stream}".lower().replace("_", "-"), cancel, progress)
+    if not then_drift:
+        return PreprocessResult(summary)
+    from mmlake.flows.drift import drift_stream
 
-        out["drift"] = drift_stream(stream=stream, lake=lake_settings.lake)
-    return out
+    return PreprocessResult(summary, drift_stream(stream=stream, lake=lake))
 
 
-@flow(name="backfill-features", flow_run_name="backfill {stream} {start}..{end}", log_prints=False)
-def backfill_features(stream: str, start: str, end: str, lake: str | None = None, operator: str | None = None,
-                      force: bool = False, clip_weights: str | None = None, provider: str | None = None,
-                      threads: int | None = None, batch_size: int | None = None,
-                      progress: Any = None) -> dict[str, Any]:
-    """Recompute the features of ``start <= event_time < end`` (with ``operator`` NAME@VERSION: only
-    that operator's modality). A range already computed by the same operator bytes is left alone
-    unless ``force``. In-process runs may pass ``progress``, called with (raw rows done, in all)."""
-    lake_settings, settings = _settings(lake, clip_weights, provider, threads, batch_size)
-    return _run(f"backfill-features.{stream}", stream, lake_settings, settings, None, None,
-                (start, end, operator, force), f"backfill-{stream}".lower().replace("_", "-"), None, progress)
+def _backfill_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    plan = BackfillPlan.model_validate(parameters["plan"])
+    return f"backfill {parameters['stream']} {plan.start}..{plan.end}"
+
+
+@flow(name="backfill-features", flow_run_name=_backfill_run_name, log_prints=False)
+def backfill_features(stream: str, plan: BackfillPlan, lake: LakeSettings | None = None,
+                      settings: PreprocessSettings | None = None, progress: Any = None) -> PreprocessSummary:
+    """Recompute the features of the plan's range (with its ``operator``: only that operator's
+    modality). A range already computed by the same operator bytes is left alone unless the plan says
+    ``force``. In-process runs may pass ``progress``, called with (raw rows done, in all)."""
+    return _run(f"backfill-features.{stream}", stream, lake or LakeSettings(), settings or PreprocessSettings(),
+                None, None, plan, f"backfill-{stream}".lower().replace("_", "-"), None, progress)
 
 
 def summary_markdown(summary: PreprocessSummary) -> str:

@@ -3,7 +3,10 @@ checks them before Prefect is imported and its API chosen)."""
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from mmlake.errors import InputError
+from mmlake.lake import time_range
 
 PIPELINE_STAGES = ("ingest", "preprocess", "drift")
 BACKFILL_STAGES = ("preprocess", "drift")
@@ -31,3 +34,28 @@ def parse_pipeline_stages(stages: str | list[str] | None) -> list[str]:
 
 def parse_backfill_stages(stages: str | list[str] | None) -> list[str]:
     return parse_stages(stages, BACKFILL_STAGES, "backfill")
+
+
+class BackfillPlan(BaseModel):
+    """What a backfill re-runs: an event-time range ``start <= event time < end`` (RFC 3339 or epoch ms)
+    through ``stages`` (``preprocess``, ``drift``), with one operator or the defaults."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: str = Field(description="First event time of the range (inclusive).")
+    end: str = Field(description="End of the range (exclusive).")
+    stages: str = Field(",".join(BACKFILL_STAGES), description="What to re-run, comma-separated, in order.")
+    operator: str | None = Field(None, description="Only this operator's modality (NAME@VERSION).")
+    force: bool = Field(False, description="Rewrite even a range that is already up to date.")
+
+    def bounds_us(self) -> tuple[int, int]:
+        """The range as epoch µs; a one-line :class:`InputError` unless start < end."""
+        return time_range(self.start, self.end)
+
+    def stage_list(self) -> list[str]:
+        """The stages, checked (a one-line :class:`InputError` for an unknown one), in running order."""
+        return parse_backfill_stages(self.stages)
+
+    def day(self, start: str, end: str) -> BackfillPlan:
+        """The same plan for one day of the range."""
+        return self.model_copy(update={"start": start, "end": end})

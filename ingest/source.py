@@ -39,7 +39,9 @@ def check_partitions(topic: str, available: Iterable[int], wanted: Iterable[int]
     have = set(available)
     missing = sorted(set(wanted) - have)
     if missing:
-        raise TopicNotFoundError(f"topic {topic!r} has no partition {missing[0]} (it has {len(have)})")
+        span = f": {min(have)}..{max(have)}" if have else ""
+        raise TopicNotFoundError(f"topic {topic!r} has no partition {', '.join(map(str, missing))} "
+                                 f"(it has {len(have)}{span})")
 
 
 class KafkaSource(Protocol):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mmlake.lake import format_us
@@ -41,12 +41,6 @@ class IngestSummary:
             f"late={self.late} duplicates={self.duplicates} dead_lettered={self.dead_lettered} "
             f"batches={self.batches} offsets={spans} watermark={self.watermark}{retried}"
         )
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["offsets"] = {str(p): span for p, span in self.offsets.items()}
-        out["watermark"] = self.watermark
-        return out
 
     def account(self, batch: Batch, appended: dict[str, int]) -> None:
         """Count ``batch`` once it committed (``appended``: the rows each table took)."""

@@ -12,7 +12,6 @@ import re
 import struct
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from mmlake.ingest import native
 from mmlake.ingest.records import Accepted, Checked, Reason, Rejected

@@ -28,7 +28,8 @@ class Settings(BaseSettings):
             return self
         # model_validate checks the new values without reading the environment again; passing only
         # the fields given so far keeps ``model_fields_set`` true (what a user chose, not a default).
-        return type(self).model_validate({**self.model_dump(include=self.model_fields_set), **values})
+        # Read as attributes, not dumped: a field left out of dumps (credentials) is carried too.
+        return type(self).model_validate({**{k: getattr(self, k) for k in self.model_fields_set}, **values})
 
 
 class LakeSettings(Settings):
@@ -43,6 +44,10 @@ class LakeSettings(Settings):
     storage_options: dict[str, str] = Field(
         default_factory=dict,
         description="deltalake storage_options for an object-store lake, as a JSON object.",
+        # Credentials: never dumped (so never stored as a Prefect flow-run parameter); a flow run on
+        # another worker reads them from that worker's environment.
+        exclude=True,
+        repr=False,
     )
 
     def tables(self, stream: str) -> StreamTables:

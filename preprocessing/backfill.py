@@ -135,3 +135,15 @@ def raw_rows_in(tables: StreamTables, lo: int, hi: int) -> int:
     if raw is None:
         return 0
     return count_rows(raw, event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US)))
+
+
+def drift_left_alone(has_drift_table: bool, features_rewritten: int | None, new_reference: bool) -> str | None:
+    """Why a backfill leaves the drift table as it is, or None when the drift windows are rescored.
+    ``features_rewritten``: the feature rows the backfill rewrote (None: the features stage did not
+    run). Windows are rescored only when there are windows, and their inputs changed or the reference
+    is to move."""
+    if not has_drift_table:
+        return "no drift table yet: nothing to rescore"
+    if features_rewritten == 0 and not new_reference:
+        return "features of the range unchanged: drift left alone"
+    return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -89,9 +89,6 @@ class PreprocessSummary:
                 "meaning)") if untrained else ""
         return (f"{self.stream}: {self.rows} feature rows ({self.errors} with errors) in {self.commits} commits: "
                 f"{per}; {self.runtime.get('provider', '?')}, ORT {self.runtime.get('ort_version', '?')}{note}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class FeatureWriter:

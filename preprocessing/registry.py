@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mmlake.preprocessing.hashing import file_sha256
 from mmlake.preprocessing.errors import OperatorIntegrityError, OperatorNotFoundError
 
 if TYPE_CHECKING:

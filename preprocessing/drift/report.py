@@ -36,15 +36,26 @@ def report(tables: StreamTables, summary: DriftSummary) -> Report:
                   tuple(untrained or ()))
 
 
-def result_line(result: dict[str, Any]) -> str:
-    """The one-line summary of a drift flow's result (its summary as a dict), saying when the
-    embeddings came from untrained encoders."""
-    fields = {k: v for k, v in result.items() if k in DriftSummary.__dataclass_fields__}
-    line = DriftSummary(**fields).line()
-    untrained = result.get("untrained_modalities")
-    if untrained:
-        return line + f" ({', '.join(untrained)} embeddings from UNTRAINED seeded encoders)"
-    return line + (" (embeddings from UNTRAINED seeded encoders)" if result.get("encoder_trained") is False else "")
+@dataclass(frozen=True)
+class DriftResult:
+    """What a drift run did and what it shows: its summary, whether the embeddings came from trained
+    encoders (None: no features yet), and where the plot was saved (local lakes only)."""
+
+    summary: DriftSummary
+    encoder_trained: bool | None = None
+    untrained_modalities: tuple[str, ...] = ()
+    plot: str | None = None
+
+    @classmethod
+    def of(cls, summary: DriftSummary, shown: Report) -> DriftResult:
+        return cls(summary, shown.encoder_trained, shown.untrained, shown.plot)
+
+    def line(self) -> str:
+        """The one-line summary the CLI prints, saying when the embeddings came from untrained encoders."""
+        line = self.summary.line()
+        if self.untrained_modalities:
+            return line + f" ({', '.join(self.untrained_modalities)} embeddings from UNTRAINED seeded encoders)"
+        return line + (" (embeddings from UNTRAINED seeded encoders)" if self.encoder_trained is False else "")
 
 
 def untrained_modalities(tables: StreamTables) -> list[str] | None:

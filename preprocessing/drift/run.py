@@ -100,10 +100,6 @@ class DriftSummary:
         alarms = f"; ALARM on {', '.join(self.alarms_up)}" if self.alarms_up else "; no alarm"
         return f"drift {self.stream}: {self.samples} samples, {self.windows} windows, {self.rows} rows{alarms}. {self.status}"
 
-    def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "window_rows"}
-        return out
-
 
 # -- features -> samples ------------------------------------------------------------------------
 

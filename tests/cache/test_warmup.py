@@ -95,7 +95,8 @@ def test_each_drift_alarm_triggers_once(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_warmup_flow_invalidates_the_drifting_stream_only(prefect_harness, tmp_path) -> None:
-    from mmlake.flows.cache import cache_warmup
+    from mmlake.flows.cache import WarmupResult, cache_warmup
+    from mmlake.settings import LakeSettings
 
     lake = str(tmp_path)
     rng = np.random.default_rng(1)
@@ -104,10 +105,10 @@ def test_warmup_flow_invalidates_the_drifting_stream_only(prefect_harness, tmp_p
     with Server(SafeCache(CacheSettings())) as running, SafeCacheClient(running.url, "tok-alice") as alice:
         drifting = alice.put("m", unit(rng, DIM), kv(1), source="s")
         steady = alice.put("m", unit(rng, DIM), kv(2), source="other")
-        result = cache_warmup(stream="s", lake=lake, cache_url=running.url, token="tok-alice")
-        assert result == {"keyed": 4, "lsh_versions": [f"hplsh-v1:d{DIM}:b13:t12:s20260101"],
-                          "drift_alarm": True, "invalidated": 1}
+        result = cache_warmup(stream="s", lake=LakeSettings(lake=lake), cache_url=running.url, token="tok-alice")
+        assert result == WarmupResult(keyed=4, lsh_versions=[f"hplsh-v1:d{DIM}:b13:t12:s20260101"],
+                                      drift_alarm=True, invalidated=1)
         ids = {e.id for e in running.cache.entries()}
         assert drifting["id"] not in ids and steady["id"] in ids
-        again = cache_warmup(stream="s", lake=lake, cache_url=running.url, token="tok-alice")
-        assert again["drift_alarm"] is False and again["keyed"] == 0
+        again = cache_warmup(stream="s", lake=LakeSettings(lake=lake), cache_url=running.url, token="tok-alice")
+        assert again.drift_alarm is False and again.keyed == 0

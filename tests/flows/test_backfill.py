@@ -26,6 +26,9 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     from mmlake.flows.backfill import backfill
+    from mmlake.flows.stages import BackfillPlan
+    from mmlake.preprocessing.drift.settings import ReferenceRange
+    from mmlake.settings import LakeSettings
     from mmlake.preprocessing.drift.run import run_drift
     from mmlake.preprocessing.incremental import run_preprocess
     from mmlake.preprocessing.drift.settings import DriftSettings
@@ -42,21 +45,25 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
     versions = {t: tables.open(t).version() for t in ("features", "drift")}
 
     start, end = "2026-01-01T00:00:00Z", "2026-01-03T00:00:00Z"
-    forced = backfill(stream="s", start=start, end=end, lake=lake, force=True, provider="cpu", threads=2)
-    assert [d["rows"] > 0 for d in forced["days"]] == [True, True] and forced["rows"] == 80 * 2 + 20
+    settings = LakeSettings(lake=lake)
+    cpu = PreprocessSettings(provider="cpu", threads=2)
+    plan = BackfillPlan(start=start, end=end)
+    forced = backfill(stream="s", plan=plan.model_copy(update={"force": True}), lake=settings, settings=cpu)
+    assert [d.rows > 0 for d in forced.days] == [True, True] and forced.rows == 80 * 2 + 20
     # Identical operator bytes: identical features, so the rescored drift windows equal the table's.
-    assert "identical" in forced["drift"]["status"]
+    assert "identical" in str(forced.drift_status)
     assert tables.open("drift").version() == versions["drift"]
 
     features_version = tables.open("features").version()
-    rerun = backfill(stream="s", start=start, end=end, lake=lake, provider="cpu", threads=2)
-    assert rerun["rows"] == 0 and rerun["skipped_days"] == 2
-    assert rerun["drift"]["status"].startswith("features of the range unchanged")
+    rerun = backfill(stream="s", plan=plan, lake=settings, settings=cpu)
+    assert rerun.rows == 0 and rerun.skipped_days == 2
+    assert str(rerun.drift_status).startswith("features of the range unchanged")
     assert tables.open("features").version() == features_version
     assert tables.open("drift").version() == versions["drift"]
 
-    only_drift = backfill(stream="s", start=start, end=end, lake=lake, stages="drift")
-    assert only_drift["days"] == [] and "identical" in only_drift["drift"]["status"]
+    drift_only = plan.model_copy(update={"stages": "drift"})
+    only_drift = backfill(stream="s", plan=drift_only, lake=settings)
+    assert only_drift.days == [] and "identical" in str(only_drift.drift_status)
 
     import anyio
 
@@ -80,12 +87,12 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
 
     # A backfill may move the drift reference: rescored from the samples of the range given, which
     # later rebuilds keep.
-    moved = backfill(stream="s", start=start, end=end, lake=lake, stages="drift",
-                     reference_from="2026-01-01T12:00:00Z", reference_to="2026-01-02T12:00:00Z")
-    assert "samples 21..60 (2026-01-01T12:00:00Z..2026-01-02T12:00:00Z)" in moved["drift"]["status"]
+    moved = backfill(stream="s", plan=drift_only, lake=settings,
+                     reference=ReferenceRange(start="2026-01-01T12:00:00Z", end="2026-01-02T12:00:00Z"))
+    assert "samples 21..60 (2026-01-01T12:00:00Z..2026-01-02T12:00:00Z)" in str(moved.drift_status)
     assert min(tables.open("drift").to_pyarrow_table().column("first_sample").to_pylist()) == 60
-    kept = backfill(stream="s", start=start, end=end, lake=lake, stages="drift")
-    assert "identical" in kept["drift"]["status"]
+    kept = backfill(stream="s", plan=drift_only, lake=settings)
+    assert "identical" in str(kept.drift_status)
 
 
 def test_backfill_refuses_bad_ranges_and_stages_in_one_line(tmp_path, capsys) -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from mmlake.ingest import BrokerUnavailableError
+from mmlake.ingest import BrokerUnavailableError, IngestSettings
 from mmlake.ingest.broker import free_port
 from tests.fixtures.streams import produce_mixed
 
@@ -30,21 +30,20 @@ def test_flow_ingests_and_reports(prefect_harness, producer, new_topic, settings
 
     topic = new_topic(partitions=2)
     exp = produce_mixed(producer, topic, partitions=2, per_partition=12)
-    result = ingest_stream(topic=topic, stream="s", lake=settings.lake, bootstrap=settings.kafka_bootstrap,
-                           allowed_lateness_s=120)
-    assert result["accepted"] == sum(exp.raw_ids.values())
-    assert (result["late"], result["dead_lettered"], result["duplicates"]) == (
+    result = ingest_stream(topic=topic, stream="s", settings=settings.with_overrides(allowed_lateness_s=120))
+    assert result.accepted == sum(exp.raw_ids.values())
+    assert (result.late, result.dead_lettered, result.duplicates) == (
         sum(exp.late_ids.values()), exp.dlq, exp.duplicates)
-    again = ingest_stream(topic=topic, stream="s", lake=settings.lake, bootstrap=settings.kafka_bootstrap)
-    assert again["accepted"] == 0 and again["batches"] == 0
+    again = ingest_stream(topic=topic, stream="s", settings=settings)
+    assert again.accepted == 0 and again.batches == 0
 
 
 def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypatch, tmp_path) -> None:
     import mmlake.flows.ingest as module
     monkeypatch.setenv("MMLAKE_KAFKA_TIMEOUT_S", "0.5")
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
-    state = module.ingest_stream(topic="t", stream="s", lake=str(tmp_path), bootstrap=f"127.0.0.1:{free_port()}",
-                                 return_state=True)
+    settings = IngestSettings(lake=str(tmp_path), kafka_bootstrap=f"127.0.0.1:{free_port()}")
+    state = module.ingest_stream(topic="t", stream="s", settings=settings, return_state=True)
     assert state.is_failed()
     with pytest.raises(BrokerUnavailableError):
         state.result()
@@ -56,8 +55,8 @@ def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypa
 def test_non_transient_errors_are_not_retried(prefect_harness, broker, monkeypatch, tmp_path) -> None:
     import mmlake.flows.ingest as module
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
-    state = module.ingest_stream(topic="no-such-topic", stream="s", lake=str(tmp_path),
-                                 bootstrap=broker.bootstrap, return_state=True)
+    settings = IngestSettings(lake=str(tmp_path), kafka_bootstrap=broker.bootstrap)
+    state = module.ingest_stream(topic="no-such-topic", stream="s", settings=settings, return_state=True)
     assert state.is_failed()
 
     (task_run,) = _task_runs(state.state_details.flow_run_id)

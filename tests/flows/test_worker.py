@@ -72,9 +72,9 @@ def test_deploy_worker_and_a_backfill_run_with_parameters(tmp_path: Path, operat
         log = (tmp_path / "worker.log").open("w")
         worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "mmlake"],
                                   env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        plan = {"start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z", "stages": "preprocess"}
         started = _prefect(env, work, "deployment", "run", "backfill/backfill", "-p", "stream=s",
-                           "-p", "start=2026-01-01T00:00:00Z", "-p", "end=2026-01-02T00:00:00Z",
-                           "-p", "stages=preprocess")
+                           "-p", f"plan={json.dumps(plan)}")
         run_id = next(line.split()[-1] for line in started.splitlines() if "UUID" in line)
         state = None
         deadline = time.monotonic() + 240

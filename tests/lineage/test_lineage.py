@@ -13,6 +13,7 @@ import pytest
 from deltalake import DeltaTable
 from jsonschema import ValidationError
 
+from mmlake.ingest import IngestSettings
 from mmlake.lineage import LineageEmitter, LineageSettings, default_events_path, static_run_id
 from mmlake.lineage.query import LineageQueryError, explain_record, lineage_graph, load_events
 from tests.fixtures.streams import produce_mixed
@@ -31,8 +32,7 @@ def ingested(prefect_harness, producer, new_topic, settings, default_lineage):
 
     topic = new_topic(partitions=2)
     produce_mixed(producer, topic, partitions=2, per_partition=12)
-    result = ingest_stream(topic=topic, stream="s", lake=settings.lake, bootstrap=settings.kafka_bootstrap,
-                           allowed_lateness_s=120)
+    result = ingest_stream(topic=topic, stream="s", settings=settings.with_overrides(allowed_lateness_s=120))
     return settings, topic, result
 
 
@@ -56,7 +56,7 @@ def test_ingest_flow_events_validate_and_link(ingested) -> None:
     assert (kafka["namespace"], kafka["name"]) == (f"kafka://{settings.kafka_bootstrap}", topic)
     facet = kafka["inputFacets"]["mmlake_kafka"]
     assert (facet["accepted"], facet["late"], facet["duplicates"], facet["deadLettered"]) == (
-        result["accepted"], result["late"], result["duplicates"], result["dead_lettered"])
+        result.accepted, result.late, result.duplicates, result.dead_lettered)
     assert {(p["partition"], p["firstOffset"], p["lastOffset"]) for p in facet["partitions"]} == {(0, 0, 11), (1, 0, 11)}
     outputs = {o["name"]: o for o in task_done["outputs"]}
     raw_path = str(Path(settings.lake, "s", "raw").resolve())
@@ -66,7 +66,7 @@ def test_ingest_flow_events_validate_and_link(ingested) -> None:
     assert raw["facets"]["version"]["datasetVersion"] == str(DeltaTable(raw_path).version())
     assert raw["facets"]["storage"]["storageLayer"] == "delta"
     assert "payload" in {f["name"] for f in raw["facets"]["schema"]["fields"]}
-    assert raw["outputFacets"]["outputStatistics"]["rowCount"] == result["accepted"]
+    assert raw["outputFacets"]["outputStatistics"]["rowCount"] == result.accepted
 
 
 def test_graph_and_explain(ingested) -> None:
@@ -114,8 +114,8 @@ def test_graph_and_explain(ingested) -> None:
 def test_failed_flow_emits_fail_with_the_error(prefect_harness, broker, tmp_path, default_lineage, monkeypatch) -> None:
     import mmlake.flows.ingest as module
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
-    state = module.ingest_stream(topic="no-such-topic", stream="s", lake=str(tmp_path),
-                                 bootstrap=broker.bootstrap, return_state=True)
+    settings = IngestSettings(lake=str(tmp_path), kafka_bootstrap=broker.bootstrap)
+    state = module.ingest_stream(topic="no-such-topic", stream="s", settings=settings, return_state=True)
     assert state.is_failed()
     events = events_of(str(tmp_path))
     assert [e["eventType"] for e in events] == ["START", "START", "FAIL", "FAIL"]

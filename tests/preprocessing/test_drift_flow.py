@@ -45,16 +45,20 @@ def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_no
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from mmlake.flows.preprocess import preprocess_stream
+    from mmlake.preprocessing.settings import PreprocessSettings
+    from mmlake.settings import LakeSettings
 
     lake = str(tmp_path / "lake")
     _stream(lake, "shuffled", SHUFFLE_AT)
     _stream(lake, "steady", None)
-    results = {name: preprocess_stream(stream=name, lake=lake, provider="cpu", threads=2, then_drift=True)
+    cpu = PreprocessSettings(provider="cpu", threads=2)
+    results = {name: preprocess_stream(stream=name, lake=LakeSettings(lake=lake), settings=cpu, then_drift=True).drift
                for name in ("shuffled", "steady")}
+    assert results["steady"] is not None and results["shuffled"] is not None
 
     steady = StreamTables(lake, "steady").open("drift").to_pyarrow_table()
     assert steady.num_rows > 0 and not any(steady.column("alarm").to_pylist())
-    assert results["steady"]["drift"]["alarms_up"] == []
+    assert results["steady"].summary.alarms_up == []
 
     rows = StreamTables(lake, "shuffled").open("drift").to_pyarrow_table().to_pylist()
     raised = [r for r in rows if r["event"] == "raised"]
@@ -63,8 +67,8 @@ def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_no
     assert min(ends) >= SHUFFLE_AT, "an alarm before the change"
     mi = [e for e, r in zip(ends, raised, strict=True) if r["metric"] == "mi.image-text"]
     assert mi and min(mi) - SHUFFLE_AT <= 2 * WINDOW
-    assert results["shuffled"]["drift"]["encoder_trained"] is False
-    untrained = results["shuffled"]["drift"]["untrained_modalities"]
+    assert results["shuffled"].encoder_trained is False
+    untrained = results["shuffled"].untrained_modalities
     assert "text" in untrained and "image" not in untrained  # the image encoder is the trained one
     assert len({r["codebook_sha256"] for r in rows}) == 1
 

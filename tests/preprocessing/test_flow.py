@@ -34,19 +34,22 @@ def test_preprocess_and_backfill_flows_write_features_lineage_and_artifacts(pref
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     from mmlake.flows.preprocess import backfill_features, preprocess_stream
+    from mmlake.flows.stages import BackfillPlan
+    from mmlake.preprocessing.settings import PreprocessSettings
 
     settings, accepted = ingested
-    result = preprocess_stream(stream="demo", lake=settings.lake, provider="cpu", threads=2)
-    assert result["rows"] == accepted and result["errors"] == 0
+    cpu = PreprocessSettings(provider="cpu", threads=2)
+    result = preprocess_stream(stream="demo", lake=settings, settings=cpu).summary
+    assert result.rows == accepted and result.errors == 0
     features = StreamTables(settings.lake, "demo").open("features")
     assert features is not None and features.to_pyarrow_table().num_rows == accepted
-    again = preprocess_stream(stream="demo", lake=settings.lake, provider="cpu", threads=2)
-    assert again["rows"] == 0
+    again = preprocess_stream(stream="demo", lake=settings, settings=cpu).summary
+    assert again.rows == 0
 
     start, end = "2026-01-01T12:00:00Z", "2026-01-02T12:00:00Z"
     version = features.version()
-    back = backfill_features(stream="demo", start=start, end=end, lake=settings.lake, provider="cpu", threads=2)
-    assert back["rows"] == 0 and back["skipped_ranges"] == 2  # computed already: nothing rewritten
+    back = backfill_features(stream="demo", plan=BackfillPlan(start=start, end=end), lake=settings, settings=cpu)
+    assert back.rows == 0 and back.skipped_ranges == 2  # computed already: nothing rewritten
     assert StreamTables(settings.lake, "demo").open("features").version() == version
 
     import anyio
