@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.mmlake-installed
 EDITABLE := --config-settings editable_mode=strict
 PACKAGE_DIRS := mmlake ingest preprocessing preprocessing/drift lineage cache flows flows/cli
 
-.PHONY: demo test bench install clean
+.PHONY: demo test test-fast check bench install clean
 
 install: $(STAMP)
 
@@ -23,8 +23,19 @@ demo: $(STAMP)
 	$(VENV)/bin/mmlake demo
 	$(PY) -m examples.vlm_server
 
-test: $(STAMP)
+# The checks CI runs before the tests: ruff's linter and formatter, mypy over the installed library (from
+# build/, so the repository's top-level folders do not shadow the mmlake package mypy follows).
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	cd build && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p mmlake
+
+test: check
 	$(PY) -m pytest
+
+# The inner loop: everything but the tests that start the broker, Prefect, the S3 server or a server process.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not services"
 
 BENCH_STAMP := $(VENV)/.mmlake-bench-installed
 

@@ -1,8 +1,8 @@
 """SafeCache benchmarks: lookup latency, hit and false-hit rates on near-duplicates, HTTP transfer.
 
 1. Latency: LSH candidates + exact verification against a flat FAISS scan of every entry, on the same
-   index and queries (half near-duplicates of stored entries at cosine 0.95, above the 0.9 floor, half unrelated), at 10k,
-   100k and 1M entries of dimension 512. End-to-end ``SafeCache.lookup`` at 10k and 100k too.
+   index and queries (half near-duplicates of stored entries at cosine 0.95, above the 0.9 floor, half
+   unrelated), at 10k, 100k and 1M entries of dimension 512. End-to-end ``SafeCache.lookup`` at 10k and 100k too.
 2. Near-duplicate workload: generated scenes (3-6 shapes in random colours) are stored; queries are
    their near-duplicates (JPEG q75, a 5-pixel crop, a 0.71x down-and-up resize, a colour shift of up
    to 8 levels, +-5% brightness) and scenes never stored. Keys are the default image operator's
@@ -58,14 +58,17 @@ def latency(sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000), queries: int 
     from mmlake.cache.lsh import HyperplaneLSH
 
     settings = CacheSettings()
-    out: dict[str, Any] = {"lsh": {"bits": settings.lsh_bits, "tables": settings.lsh_tables,
-                                   "probes": settings.lsh_probes}, "sizes": {}}
+    out: dict[str, Any] = {
+        "lsh": {"bits": settings.lsh_bits, "tables": settings.lsh_tables, "probes": settings.lsh_probes},
+        "sizes": {},
+    }
     rng = np.random.default_rng(0)
     for n in sizes:
         x = rng.standard_normal((n, DIM)).astype(np.float32)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
-        index = VectorIndex(HyperplaneLSH(DIM, settings.lsh_bits, settings.lsh_tables, settings.lsh_seed),
-                            settings.lsh_probes)
+        index = VectorIndex(
+            HyperplaneLSH(DIM, settings.lsh_bits, settings.lsh_tables, settings.lsh_seed), settings.lsh_probes
+        )
         index.add_batch([str(i) for i in range(n)], x)
         qs = []
         for j in range(queries):
@@ -80,7 +83,9 @@ def latency(sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000), queries: int 
             t = time.perf_counter()
             slots = index.candidates(q)
             sims = index.similarities(q, slots)
-            lsh_best.append(int(slots[int(np.argmax(sims))]) if len(slots) and sims.max() >= settings.min_similarity else -1)
+            lsh_best.append(
+                int(slots[int(np.argmax(sims))]) if len(slots) and sims.max() >= settings.min_similarity else -1
+            )
             lsh_t.append(time.perf_counter() - t)
         for q in qs:
             t = time.perf_counter()
@@ -159,8 +164,14 @@ def near_duplicates(sources: int = 200, novel: int = 200) -> dict[str, Any]:
         for k, name in enumerate(AUGMENTATIONS):
             mine = [got for (truth, kind, _), got in zip(queries, answers) if kind == k]
             by_kind[name] = round(sum(g is not None for g in mine) / len(mine), 3)
-        return {"hit_rate": round(hits / len(near), 4), "false_hit_rate": round(false / len(queries), 4),
-                "hits": hits, "false_hits": false, "queries": len(queries), "hit_rate_by_augmentation": by_kind}
+        return {
+            "hit_rate": round(hits / len(near), 4),
+            "false_hit_rate": round(false / len(queries), 4),
+            "hits": hits,
+            "false_hits": false,
+            "queries": len(queries),
+            "hit_rate_by_augmentation": by_kind,
+        }
 
     def answers(cache: SafeCache, sources: dict[str, int], min_similarity: float | None = None) -> list[int | None]:
         out = []
@@ -188,8 +199,10 @@ def near_duplicates(sources: int = 200, novel: int = 200) -> dict[str, Any]:
         flat.append(int(np.argmax(sims)) if sims.max() >= 0.8 else None)
     results["flat_threshold_gptcache_style"] = score(flat)
     results["encoder"] = f"{spec.ref} (trained: {spec.trained}), ONNX Runtime on CPU"
-    results["workload"] = (f"{sources} stored scenes x {len(AUGMENTATIONS)} augmentations "
-                           f"({', '.join(AUGMENTATIONS)}) + {novel} never-stored scenes")
+    results["workload"] = (
+        f"{sources} stored scenes x {len(AUGMENTATIONS)} augmentations "
+        f"({', '.join(AUGMENTATIONS)}) + {novel} never-stored scenes"
+    )
     results["target"] = "hit rate >= 0.68 with false hits <= 0.005"
 
     def meets(r: dict[str, Any]) -> bool:
@@ -228,9 +241,12 @@ def transfer(megabytes: int = 16, repeats: int = 31) -> dict[str, Any]:
         json.dump({"bench-token": "bench"}, handle)
     port = free_port()
     exe = shutil.which("mmlake", path=os.path.dirname(sys.executable)) or "mmlake"
-    server = subprocess.Popen([exe, "cache", "serve", "--port", str(port), "--tokens", tokens],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "MMLAKE_CACHE_CPU_BYTES": str(4 * size), "MMLAKE_CACHE_GPU_BYTES": "0"})
+    server = subprocess.Popen(
+        [exe, "cache", "serve", "--port", str(port), "--tokens", tokens],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "MMLAKE_CACHE_CPU_BYTES": str(4 * size), "MMLAKE_CACHE_GPU_BYTES": "0"},
+    )
     try:
         raw_port = int(raw.stdout.readline())  # type: ignore[union-attr]
 
@@ -261,9 +277,13 @@ def transfer(megabytes: int = 16, repeats: int = 31) -> dict[str, Any]:
         http_s, raw_s = float(np.median(http_t)), float(np.median(raw_t))
         return {
             "payload_mb": megabytes,
-            "http_lookup_median_s": round(http_s, 4), "http_mb_per_s": round(megabytes / http_s, 1),
-            "raw_socket_median_s": round(raw_s, 4), "raw_mb_per_s": round(megabytes / raw_s, 1),
-            "ratio": round(raw_s / http_s, 3), "target_ratio": 0.5, "meets_target": raw_s / http_s >= 0.5,
+            "http_lookup_median_s": round(http_s, 4),
+            "http_mb_per_s": round(megabytes / http_s, 1),
+            "raw_socket_median_s": round(raw_s, 4),
+            "raw_mb_per_s": round(megabytes / raw_s, 1),
+            "ratio": round(raw_s / http_s, 3),
+            "target_ratio": 0.5,
+            "meets_target": raw_s / http_s >= 0.5,
         }
     finally:
         server.terminate()
@@ -286,11 +306,17 @@ def two_tenants(budget_mb: int = 64, quiet_prompts: int = 200, noisy_stores: int
     rng = np.random.default_rng(11)
     quiet = [rng.standard_normal(DIM).astype(np.float32) for _ in range(quiet_prompts)]
     noisy = [rng.standard_normal(DIM).astype(np.float32) for _ in range(noisy_stores)]
-    out: dict[str, Any] = {"budget_mb": budget_mb, "quiet_prompts": quiet_prompts, "quiet_kv_kb": 128,
-                           "noisy_stores": noisy_stores, "noisy_kv_mb": 1}
+    out: dict[str, Any] = {
+        "budget_mb": budget_mb,
+        "quiet_prompts": quiet_prompts,
+        "quiet_kv_kb": 128,
+        "noisy_stores": noisy_stores,
+        "noisy_kv_mb": 1,
+    }
     for fair in (True, False):
-        cache = SafeCache(CacheSettings(gpu_bytes=0, cpu_bytes=budget_mb << 20, fair_shares=fair),
-                          tenants=["quiet", "noisy"])
+        cache = SafeCache(
+            CacheSettings(gpu_bytes=0, cpu_bytes=budget_mb << 20, fair_shares=fair), tenants=["quiet", "noisy"]
+        )
         for i, e in enumerate(quiet):
             cache.put("quiet", "m", e, kv(128 << 10, i))
         hits = 0
@@ -302,17 +328,24 @@ def two_tenants(budget_mb: int = 64, quiet_prompts: int = 200, noisy_stores: int
             hits += isinstance(cache.lookup("quiet", "m", quiet[i % quiet_prompts]), Hit)
         elapsed = time.perf_counter() - started
         out["fair_shares" if fair else "no_shares"] = {
-            "quiet_hit_rate": round(hits / noisy_stores, 3), "noisy_stores_per_s": round(noisy_stores / elapsed, 1),
-            "bytes_within_budget": cache.stats()["bytes"]["cpu"] <= budget_mb << 20}
+            "quiet_hit_rate": round(hits / noisy_stores, 3),
+            "noisy_stores_per_s": round(noisy_stores / elapsed, 1),
+            "bytes_within_budget": cache.stats()["bytes"]["cpu"] <= budget_mb << 20,
+        }
     out["quiet_hit_rate_ratio_fair_vs_none"] = round(
-        out["fair_shares"]["quiet_hit_rate"] / max(out["no_shares"]["quiet_hit_rate"], 1e-3), 1)
+        out["fair_shares"]["quiet_hit_rate"] / max(out["no_shares"]["quiet_hit_rate"], 1e-3), 1
+    )
     return out
 
 
 def run() -> dict[str, Any]:
     started = time.monotonic()
-    report = {"latency": latency(), "near_duplicates": near_duplicates(), "transfer_16mb": transfer(),
-              "two_tenants": two_tenants()}
+    report = {
+        "latency": latency(),
+        "near_duplicates": near_duplicates(),
+        "transfer_16mb": transfer(),
+        "two_tenants": two_tenants(),
+    }
     report["seconds"] = round(time.monotonic() - started, 1)
     report["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return report

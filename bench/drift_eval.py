@@ -55,8 +55,14 @@ SCENARIOS = ["shuffle", "covariate", "vocabulary", "gradual"]
 EVIDENTLY_NULLS = int(os.environ.get("MMLAKE_BENCH_EVIDENTLY_NULLS", "3"))
 GIVE_UP = 2048
 COARSE = 4
-FAMILIES = {"mi": ("mi.",), "mi_decay": ("mi_decay.",), "joint": ("kl.", "js.image+"), "entropy": ("entropy.",),
-            "marginal-js": ("js.image", "js.text", "js.audio"), "shift": ("shift.",)}
+FAMILIES = {
+    "mi": ("mi.",),
+    "mi_decay": ("mi_decay.",),
+    "joint": ("kl.", "js.image+"),
+    "entropy": ("entropy.",),
+    "marginal-js": ("js.image", "js.text", "js.audio"),
+    "shift": ("shift.",),
+}
 
 
 def _family(metric: str) -> str:
@@ -71,6 +77,7 @@ def _family(metric: str) -> str:
 
 
 # -- mmlake ---------------------------------------------------------------------------------------
+
 
 def _ours(samples: Any, change: int | None, **config: Any) -> tuple[dict[str, dict[str, Any]], float]:
     from mmlake.preprocessing.drift.detector import Detector, DriftConfig, Reference
@@ -102,8 +109,12 @@ def _bad_input(seed: int) -> Any:
     s = stream("null", N, seed=seed)
     rng = np.random.default_rng(seed)
     after = np.arange(N) >= 1024
-    for modality, share, status in (("text", 0.2, MISSING), ("image", 0.03, NAN), ("image", 0.03, ZERO_NORM),
-                                    ("audio", 0.05, ERROR)):
+    for modality, share, status in (
+        ("text", 0.2, MISSING),
+        ("image", 0.03, NAN),
+        ("image", 0.03, ZERO_NORM),
+        ("audio", 0.05, ERROR),
+    ):
         hit = after & (rng.random(N) < share) & (s.status[modality] == 0)
         s.status[modality][hit] = status
         s.embeddings[modality][hit] = 0.0 if status == ZERO_NORM else np.nan
@@ -133,22 +144,33 @@ def _changes_after_reference() -> dict[str, Any]:
                         misses += 1
                     else:
                         delays.append(got["delay"])
-                table[f"{scenario}@{after}"] = {"delays": delays, "misses": misses, "false_alarms_before_change": early,
-                                                "max_delay": max(delays) if delays else None}
+                table[f"{scenario}@{after}"] = {
+                    "delays": delays,
+                    "misses": misses,
+                    "false_alarms_before_change": early,
+                    "max_delay": max(delays) if delays else None,
+                }
         out[label] = table
     ours = out["mmlake"]
     abrupt = [ours[f"{s}@{a}"] for s in ABRUPT for a in AFTER_REFERENCE]
     worst = max((d for e in abrupt for d in e["delays"]), default=None)
-    out["target"] = {"abrupt_max_delay_samples": worst, "target": 256,
-                     "met": worst is not None and worst <= 256 and not any(e["misses"] for e in abrupt)
-                     and not any(e["false_alarms_before_change"] for e in abrupt),
-                     "gradual_max_delay_samples": max((d for a in AFTER_REFERENCE for d in ours[f"gradual@{a}"]["delays"]),
-                                                      default=None)}
+    out["target"] = {
+        "abrupt_max_delay_samples": worst,
+        "target": 256,
+        "met": worst is not None
+        and worst <= 256
+        and not any(e["misses"] for e in abrupt)
+        and not any(e["false_alarms_before_change"] for e in abrupt),
+        "gradual_max_delay_samples": max(
+            (d for a in AFTER_REFERENCE for d in ours[f"gradual@{a}"]["delays"]), default=None
+        ),
+    }
     print(f"  changes after the reference: abrupt max delay {worst} (target 256)", flush=True)
     return out
 
 
 # -- baselines --------------------------------------------------------------------------------------
+
 
 def _dense(samples: Any) -> np.ndarray:
     return np.concatenate([samples.embeddings["image"], samples.embeddings["text"]], axis=1).astype(np.float64)
@@ -183,7 +205,9 @@ class EvidentlyMethod:
         self.name = f"evidently-{method}"
         self.columns = [f"e{i}" for i in range(reference.shape[1])]
         # EmbeddingsDriftMetric's default: model(bootstrap=reference rows < 1000); the others as given.
-        self.method = getattr(edm, method)(bootstrap=len(reference) < 1000) if method == "model" else getattr(edm, method)()
+        self.method = (
+            getattr(edm, method)(bootstrap=len(reference) < 1000) if method == "model" else getattr(edm, method)()
+        )
         self.ref = pd.DataFrame(reference, columns=self.columns)
 
     def __call__(self, window: np.ndarray) -> tuple[float, bool]:
@@ -203,7 +227,7 @@ def _window_ends(start: int, stop: int) -> list[int]:
 
 
 def _scores(detector: Any, x: np.ndarray, ends: list[int]) -> list[tuple[float, bool]]:
-    return [detector(x[e - 127:e + 1]) for e in ends]
+    return [detector(x[e - 127 : e + 1]) for e in ends]
 
 
 def _delays(detector: Any, x: np.ndarray, threshold: float) -> tuple[int | None, int | None]:
@@ -214,7 +238,7 @@ def _delays(detector: Any, x: np.ndarray, threshold: float) -> tuple[int | None,
 
     def at(i: int) -> tuple[float, bool]:
         if i not in cache:
-            cache[i] = detector(x[ends[i] - 127:ends[i] + 1])
+            cache[i] = detector(x[ends[i] - 127 : ends[i] + 1])
         return cache[i]
 
     found: list[int | None] = [None, None]
@@ -223,7 +247,7 @@ def _delays(detector: Any, x: np.ndarray, threshold: float) -> tuple[int | None,
             if hit and found[k] is None:
                 first = j
                 for i in range(max(0, j - COARSE + 1), j):
-                    if (at(i)[1] if k == 0 else at(i)[0] > threshold):
+                    if at(i)[1] if k == 0 else at(i)[0] > threshold:
                         first = i
                         break
                 found[k] = ends[first] - CHANGE
@@ -238,20 +262,36 @@ def _events(flags: list[bool]) -> int:
 
 # -- the run ----------------------------------------------------------------------------------------
 
+
 def run() -> dict[str, Any]:
     from mmlake.preprocessing.drift.streams import stream
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    report: dict[str, Any] = {"setup": {"samples_per_stream": N, "change_point": CHANGE, "window": 128, "step": 16,
-                                        "reference": 1024, "thresholds": "calibrated on the reference (warmup 0)", "null_streams": len(NULL_SEEDS),
-                                        "evidently_null_streams": EVIDENTLY_NULLS, "baseline_stride_windows": COARSE,
-                                        "baseline_give_up_after": GIVE_UP, "embedding_dim": 384}}
+    report: dict[str, Any] = {
+        "setup": {
+            "samples_per_stream": N,
+            "change_point": CHANGE,
+            "window": 128,
+            "step": 16,
+            "reference": 1024,
+            "thresholds": "calibrated on the reference (warmup 0)",
+            "null_streams": len(NULL_SEEDS),
+            "evidently_null_streams": EVIDENTLY_NULLS,
+            "baseline_stride_windows": COARSE,
+            "baseline_give_up_after": GIVE_UP,
+            "embedding_dim": 384,
+        }
+    }
     detectors: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
-        return detectors.setdefault(name, {"null": {"false_alarms": 0, "samples": 0, "streams": 0},
-                                           **{s: {"delays": [], "misses": 0, "false_alarms_before_change": 0}
-                                              for s in SCENARIOS}})
+        return detectors.setdefault(
+            name,
+            {
+                "null": {"false_alarms": 0, "samples": 0, "streams": 0},
+                **{s: {"delays": [], "misses": 0, "false_alarms_before_change": 0} for s in SCENARIOS},
+            },
+        )
 
     rates = []
     ours_names = ["mmlake"] + [f"mmlake:{f}" for f in FAMILIES]
@@ -287,7 +327,7 @@ def run() -> dict[str, Any]:
 
     baselines: list[tuple[str, Any]] = [("ks-per-dim", lambda ref: KS(ref))]
     try:
-        import evidently  # noqa: F401
+        import evidently
 
         for method in ("model", "mmd", "ratio", "distance"):
             baselines.append((f"evidently-{method}", lambda ref, m=method: EvidentlyMethod(m, ref)))
@@ -313,7 +353,10 @@ def run() -> dict[str, Any]:
             t = time.perf_counter()
             scores = _scores(make(x[:1024]), x, null_ends)
             seconds.setdefault(name, []).append((time.perf_counter() - t) / len(null_ends))
-            for label, flags in ((name, [v for _, v in scores]), (f"{name}@calibrated", [sc > threshold for sc, _ in scores])):
+            for label, flags in (
+                (name, [v for _, v in scores]),
+                (f"{name}@calibrated", [sc > threshold for sc, _ in scores]),
+            ):
                 detectors[label]["null"]["false_alarms"] += _events(flags)
                 detectors[label]["null"]["samples"] += N - 1024
                 detectors[label]["null"]["streams"] += 1
@@ -345,28 +388,43 @@ def run() -> dict[str, Any]:
     report["usable_baselines"] = usable
 
     def best(scenario: str) -> float | None:
-        got = [detectors[n][scenario]["median_delay"] for n in usable
-               if detectors[n][scenario]["median_delay"] is not None and detectors[n][scenario]["misses"] == 0]
+        got = [
+            detectors[n][scenario]["median_delay"]
+            for n in usable
+            if detectors[n][scenario]["median_delay"] is not None and detectors[n][scenario]["misses"] == 0
+        ]
         return min(got) if got else None
 
     shuffle_max = max(ours["shuffle"]["delays"]) if ours["shuffle"]["delays"] else None
     report["targets"] = {
-        "null_false_alarms": {"value": ours["null"]["false_alarms"], "target": 0,
-                              "met": ours["null"]["false_alarms"] == 0},
-        "shuffle_max_delay_samples": {"value": shuffle_max, "target": 256,
-                                      "met": ours["shuffle"]["misses"] == 0 and shuffle_max is not None
-                                      and shuffle_max <= 256},
+        "null_false_alarms": {
+            "value": ours["null"]["false_alarms"],
+            "target": 0,
+            "met": ours["null"]["false_alarms"] == 0,
+        },
+        "shuffle_max_delay_samples": {
+            "value": shuffle_max,
+            "target": 256,
+            "met": ours["shuffle"]["misses"] == 0 and shuffle_max is not None and shuffle_max <= 256,
+        },
         "shuffle_missed_by_usable_baselines": {n: detectors[n]["shuffle"]["misses"] for n in usable},
         "changes_after_reference_abrupt_max_delay": report["changes_after_reference"]["target"],
-        "covariate_median_delay": {"value": ours["covariate"]["median_delay"], "best_baseline": best("covariate"),
-                                   "met": ours["covariate"]["misses"] == 0 and (
-                                       best("covariate") is None or ours["covariate"]["median_delay"] <= best("covariate"))},
+        "covariate_median_delay": {
+            "value": ours["covariate"]["median_delay"],
+            "best_baseline": best("covariate"),
+            "met": ours["covariate"]["misses"] == 0
+            and (best("covariate") is None or ours["covariate"]["median_delay"] <= best("covariate")),
+        },
     }
     report["ratios"] = {
-        "covariate_delay_vs_best_baseline": None if not best("covariate") else
-        round(ours["covariate"]["median_delay"] / best("covariate"), 3),
+        "covariate_delay_vs_best_baseline": None
+        if not best("covariate")
+        else round(ours["covariate"]["median_delay"] / best("covariate"), 3),
         # How many times more windows per second mmlake scores (all 17 metrics) than each baseline.
-        **{f"windows_per_s_vs_{n}": round(report["mmlake_windows_per_s"] * detectors[n]["seconds_per_window"], 1)
-           for n in marginal if "@" not in n and detectors[n].get("seconds_per_window")},
+        **{
+            f"windows_per_s_vs_{n}": round(report["mmlake_windows_per_s"] * detectors[n]["seconds_per_window"], 1)
+            for n in marginal
+            if "@" not in n and detectors[n].get("seconds_per_window")
+        },
     }
     return report

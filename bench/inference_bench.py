@@ -42,8 +42,12 @@ def _hit_vs_miss(server: Any, images: list[bytes], repeats: int = 5) -> dict[str
         miss.append(cold.ttft_s)
         hit.append(warm.ttft_s)
     m, h = float(np.median(miss)), float(np.median(hit))
-    return {"miss_ttft_median_ms": round(m * 1000, 1), "hit_ttft_median_ms": round(h * 1000, 1),
-            "ratio_hit_over_miss": round(h / m, 3), "meets_target": h / m <= 0.33}
+    return {
+        "miss_ttft_median_ms": round(m * 1000, 1),
+        "hit_ttft_median_ms": round(h * 1000, 1),
+        "ratio_hit_over_miss": round(h / m, 3),
+        "meets_target": h / m <= 0.33,
+    }
 
 
 def _workload(server: Any, plain: Any, requests: int = 80, seed: int = 11) -> dict[str, Any]:
@@ -67,9 +71,14 @@ def _workload(server: Any, plain: Any, requests: int = 80, seed: int = 11) -> di
     without = [plain.answer(img, PROMPT, 1).ttft_s for _, img in plan]
     kinds = {k: sum(1 for kk, _ in plan if kk == k) for k in ("repeat", "near", "new")}
     hits = {k: sum(1 for (kk, _), a in zip(plan, with_cache) if kk == k and a.hit) for k in kinds}
-    return {"requests": requests, "mix": kinds, "hits_by_kind": hits,
-            "hit_rate": round(sum(a.hit for a in with_cache) / requests, 3),
-            "ttft_with_cache": _pct([a.ttft_s for a in with_cache]), "ttft_without_cache": _pct(without)}
+    return {
+        "requests": requests,
+        "mix": kinds,
+        "hits_by_kind": hits,
+        "hit_rate": round(sum(a.hit for a in with_cache) / requests, 3),
+        "ttft_with_cache": _pct([a.ttft_s for a in with_cache]),
+        "ttft_without_cache": _pct(without),
+    }
 
 
 def _near_duplicate_shift(model: Any, embedder: Any, pairs: int = 24, seed: int = 5) -> dict[str, Any]:
@@ -99,11 +108,16 @@ def _near_duplicate_shift(model: Any, embedder: Any, pairs: int = 24, seed: int 
         kls.append(float((p.exp() * (p - q)).sum()))
         same_top.append(int(fresh.first_logits.argmax()) == int(reused.first_logits.argmax()))
         kinds.append(AUGMENTATIONS[kind])
-    return {"near_duplicates_tried": tried, "hits": len(kls),
-            "kl_recomputed_vs_reused": {"mean": round(float(np.mean(kls)), 6) if kls else None,
-                                        "max": round(float(np.max(kls)), 6) if kls else None},
-            "same_top_token": round(float(np.mean(same_top)), 3) if same_top else None,
-            "hit_augmentations": sorted(set(kinds))}
+    return {
+        "near_duplicates_tried": tried,
+        "hits": len(kls),
+        "kl_recomputed_vs_reused": {
+            "mean": round(float(np.mean(kls)), 6) if kls else None,
+            "max": round(float(np.max(kls)), 6) if kls else None,
+        },
+        "same_top_token": round(float(np.mean(same_top)), 3) if same_top else None,
+        "hit_augmentations": sorted(set(kinds)),
+    }
 
 
 def run() -> dict[str, Any]:
@@ -114,9 +128,13 @@ def run() -> dict[str, Any]:
     embedder = ImageEmbedder()
     rng = np.random.default_rng(0)
     images = [png_bytes(scene(rng)) for _ in range(12)]
-    report: dict[str, Any] = {"model": "LlavaForConditionalGeneration from a small config, SEEDED (untrained) "
-                                       "weights: 4-layer CLIP vision tower, 8-layer 512-wide Llama",
-                              "image_key": embedder.name, "target_ratio": 0.33, "prefixes": {}}
+    report: dict[str, Any] = {
+        "model": "LlavaForConditionalGeneration from a small config, SEEDED (untrained) "
+        "weights: 4-layer CLIP vision tower, 8-layer 512-wide Llama",
+        "image_key": embedder.name,
+        "target_ratio": 0.33,
+        "prefixes": {},
+    }
     t0 = time.perf_counter()
     with CacheServer() as cache_server, SafeCacheClient(cache_server.url, cache_server.token) as client:
         for tokens in (256, 576):
@@ -125,15 +143,18 @@ def run() -> dict[str, Any]:
             plain.answer(images[-1], "warm-up", 1)
             local = VisionLanguageServer(model, SafeCache(CacheSettings()), embedder, tenant="bench")
             remote = VisionLanguageServer(model, client, embedder)
-            entry = {"prefix_tokens": int(local.prefix_ids.shape[1]),
-                     "in_process": _hit_vs_miss(local, images[0:5]),
-                     "over_http": _hit_vs_miss(remote, images[5:10])}
+            entry = {
+                "prefix_tokens": int(local.prefix_ids.shape[1]),
+                "in_process": _hit_vs_miss(local, images[0:5]),
+                "over_http": _hit_vs_miss(remote, images[5:10]),
+            }
             if tokens == 576:
                 workload_server = VisionLanguageServer(model, SafeCache(CacheSettings()), embedder, tenant="replay")
                 entry["replayed_workload_in_process"] = _workload(workload_server, plain)
                 entry["near_duplicate_reuse"] = _near_duplicate_shift(model, embedder)
             report["prefixes"][str(tokens)] = entry
-    report["meets_target"] = all(e[k]["meets_target"] for e in report["prefixes"].values()
-                                 for k in ("in_process", "over_http"))
+    report["meets_target"] = all(
+        e[k]["meets_target"] for e in report["prefixes"].values() for k in ("in_process", "over_http")
+    )
     report["seconds"] = round(time.perf_counter() - t0, 1)
     return report

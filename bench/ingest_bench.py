@@ -41,7 +41,9 @@ def peak_mb():
         return int(next(line for line in status if line.startswith("VmHWM")).split()[1]) / 1024
 """
 
-_PLAIN = _PEAK_RSS + r"""
+_PLAIN = (
+    _PEAK_RSS
+    + r"""
 import json, sys, time
 from kafka import KafkaConsumer, TopicPartition
 bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -63,8 +65,11 @@ elapsed = time.perf_counter() - start
 print(json.dumps({"seconds": elapsed, "records": count, "bytes": size,
                   "peak_rss_mb": peak_mb()}))
 """
+)
 
-_PLAIN_CONFLUENT = _PEAK_RSS + r"""
+_PLAIN_CONFLUENT = (
+    _PEAK_RSS
+    + r"""
 import json, sys, time
 from confluent_kafka import Consumer, TopicPartition
 bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -84,8 +89,11 @@ elapsed = time.perf_counter() - start
 print(json.dumps({"seconds": elapsed, "records": count, "bytes": size,
                   "peak_rss_mb": peak_mb()}))
 """
+)
 
-_NAIVE = _PEAK_RSS + r"""
+_NAIVE = (
+    _PEAK_RSS
+    + r"""
 import json, sys, time
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
@@ -109,8 +117,11 @@ elapsed = time.perf_counter() - start
 print(json.dumps({"seconds": elapsed, "records": len(values), "bytes": sum(len(v) for v in values),
                   "peak_rss_mb": peak_mb()}))
 """
+)
 
-_INGEST = _PEAK_RSS + r"""
+_INGEST = (
+    _PEAK_RSS
+    + r"""
 import json, sys, time
 from mmlake.ingest import IngestSettings, run_ingest
 bootstrap, topic, lake, client = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
@@ -123,11 +134,17 @@ elapsed = time.perf_counter() - start
 print(json.dumps({"seconds": elapsed, "records": summary.accepted, "bytes": summary.payload_bytes,
                   "peak_rss_mb": peak_mb()}))
 """
+)
 
 
 def _child(code: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -147,7 +164,6 @@ def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _produce(bootstrap: str, topic: str, kind: str, count: int) -> None:
     import numpy as np
-
     from PIL import Image
 
     from mmlake.ingest import MultimodalProducer, ensure_topic
@@ -180,9 +196,11 @@ class _S3:
         from mmlake.ingest.broker import free_port
 
         self.endpoint = f"http://127.0.0.1:{free_port()}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                                      self.endpoint.rsplit(":", 1)[1]], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", self.endpoint.rsplit(":", 1)[1]],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -192,8 +210,13 @@ class _S3:
                 if time.monotonic() > deadline:
                     raise RuntimeError("moto's S3 server did not come up") from None
                 time.sleep(0.2)
-        self.options = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
-                        "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
+        self.options = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+        }
         self.buckets = 0
         return self
 
@@ -202,8 +225,13 @@ class _S3:
 
         self.buckets += 1
         name = f"bench-{self.buckets}"
-        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="bench", aws_secret_access_key="bench",
-                     region_name="us-east-1").create_bucket(Bucket=name)
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=name)
         return f"s3://{name}/lake"
 
     def __exit__(self, *exc: object) -> None:
@@ -214,12 +242,23 @@ class _S3:
 def _together(runs: list[tuple[str, tuple[str, ...]]]) -> dict[str, Any]:
     """Start every child at once; the wall time until the last finishes, the records of all."""
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.getcwd()}) for code, args in runs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
+        for code, args in runs
+    ]
     outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
-    return {"seconds": time.perf_counter() - start, "records": sum(o["records"] for o in outs),
-            "bytes": sum(o["bytes"] for o in outs), "peak_rss_mb": max(o["peak_rss_mb"] for o in outs)}
+    return {
+        "seconds": time.perf_counter() - start,
+        "records": sum(o["records"] for o in outs),
+        "bytes": sum(o["bytes"] for o in outs),
+        "peak_rss_mb": max(o["peak_rss_mb"] for o in outs),
+    }
 
 
 def _default_client() -> str:
@@ -233,10 +272,18 @@ def run(text_records: int = 100_000, image_records: int = 2_000, repeats: int = 
 
     clients = ["kafka-python", "confluent-kafka"]
     default = _default_client()
-    workloads = {"text_1kb": ("text", text_records, False), "image_100kb": ("image", image_records, False),
-                 "text_1kb_s3": ("text", text_records, True)}
-    report: dict[str, Any] = {"target_ratio": TARGET, "target_vs_naive_copy": 0.5, "target_rss_vs_naive_copy": 1.5,
-                              "default_client": default, "workloads": {}}
+    workloads = {
+        "text_1kb": ("text", text_records, False),
+        "image_100kb": ("image", image_records, False),
+        "text_1kb_s3": ("text", text_records, True),
+    }
+    report: dict[str, Any] = {
+        "target_ratio": TARGET,
+        "target_vs_naive_copy": 0.5,
+        "target_rss_vs_naive_copy": 1.5,
+        "default_client": default,
+        "workloads": {},
+    }
     with EmbeddedBroker() as broker, _S3() as s3:
         produced: set[tuple[str, int]] = set()
         for name, (kind, count, on_s3) in workloads.items():
@@ -249,16 +296,19 @@ def run(text_records: int = 100_000, image_records: int = 2_000, repeats: int = 
                 runs.setdefault("plain_kafka_python", []).append(_child(_PLAIN, broker.bootstrap, topic, str(count)))
                 if on_s3:
                     runs.setdefault("mmlake_ingest", []).append(
-                        _child(_INGEST, broker.bootstrap, topic, s3.lake(), default, json.dumps(s3.options)))
+                        _child(_INGEST, broker.bootstrap, topic, s3.lake(), default, json.dumps(s3.options))
+                    )
                     continue
                 runs.setdefault("plain_confluent_kafka", []).append(
-                    _child(_PLAIN_CONFLUENT, broker.bootstrap, topic, str(count)))
+                    _child(_PLAIN_CONFLUENT, broker.bootstrap, topic, str(count))
+                )
                 with tempfile.TemporaryDirectory() as lake:
                     runs.setdefault("naive_copy", []).append(_child(_NAIVE, broker.bootstrap, topic, str(count), lake))
                 for client in clients:
                     with tempfile.TemporaryDirectory() as lake:
                         runs.setdefault(f"mmlake_ingest_{client.replace('-', '_')}", []).append(
-                            _child(_INGEST, broker.bootstrap, topic, lake, client))
+                            _child(_INGEST, broker.bootstrap, topic, lake, client)
+                        )
             entry: dict[str, Any] = {key: _summarise(value) for key, value in runs.items()}
             if not on_s3:
                 entry["mmlake_ingest"] = entry[f"mmlake_ingest_{default.replace('-', '_')}"]
@@ -266,17 +316,34 @@ def run(text_records: int = 100_000, image_records: int = 2_000, repeats: int = 
                 assert entry[key]["records"] == count, f"{key} lost or duplicated records"
             rate = {key: e["records_per_s"] for key, e in entry.items()}
             entry["ratio_records_per_s"] = round(rate["mmlake_ingest"] / rate["plain_kafka_python"], 3)
-            entry["ratio_mb_per_s"] = round(entry["mmlake_ingest"]["mb_per_s"] / entry["plain_kafka_python"]["mb_per_s"], 3)
+            entry["ratio_mb_per_s"] = round(
+                entry["mmlake_ingest"]["mb_per_s"] / entry["plain_kafka_python"]["mb_per_s"], 3
+            )
             if not on_s3:
                 entry["ratios"] = {
-                    **{f"{c}_vs_plain_kafka_python": round(rate[f"mmlake_ingest_{c.replace('-', '_')}"]
-                                                          / rate["plain_kafka_python"], 3) for c in clients},
-                    **{f"{c}_vs_naive_copy": round(rate[f"mmlake_ingest_{c.replace('-', '_')}"] / rate["naive_copy"], 3)
-                       for c in clients},
-                    **{f"{c}_rss_vs_naive_copy": round(entry[f"mmlake_ingest_{c.replace('-', '_')}"]["peak_rss_mb"]
-                                                       / entry["naive_copy"]["peak_rss_mb"], 3) for c in clients},
-                    "plain_confluent_vs_plain_kafka_python": round(rate["plain_confluent_kafka"]
-                                                                   / rate["plain_kafka_python"], 3),
+                    **{
+                        f"{c}_vs_plain_kafka_python": round(
+                            rate[f"mmlake_ingest_{c.replace('-', '_')}"] / rate["plain_kafka_python"], 3
+                        )
+                        for c in clients
+                    },
+                    **{
+                        f"{c}_vs_naive_copy": round(
+                            rate[f"mmlake_ingest_{c.replace('-', '_')}"] / rate["naive_copy"], 3
+                        )
+                        for c in clients
+                    },
+                    **{
+                        f"{c}_rss_vs_naive_copy": round(
+                            entry[f"mmlake_ingest_{c.replace('-', '_')}"]["peak_rss_mb"]
+                            / entry["naive_copy"]["peak_rss_mb"],
+                            3,
+                        )
+                        for c in clients
+                    },
+                    "plain_confluent_vs_plain_kafka_python": round(
+                        rate["plain_confluent_kafka"] / rate["plain_kafka_python"], 3
+                    ),
                 }
             report["workloads"][name] = entry
         # What a second worker buys: the text topic's 4 partitions in 2 processes, against 1.
@@ -289,10 +356,13 @@ def run(text_records: int = 100_000, image_records: int = 2_000, repeats: int = 
                 with tempfile.TemporaryDirectory() as lake:
                     one.append(_child(_INGEST, broker.bootstrap, text_topic, lake, client))
                 with tempfile.TemporaryDirectory() as lake:
-                    two.append(_together([(_INGEST, (broker.bootstrap, text_topic, lake, client, "", part))
-                                          for part in split]))
+                    two.append(
+                        _together([(_INGEST, (broker.bootstrap, text_topic, lake, client, "", part)) for part in split])
+                    )
             scale[f"mmlake_ingest_{client.replace('-', '_')}"] = {
-                "one_process": _summarise(one), "two_processes": _summarise(two)}
+                "one_process": _summarise(one),
+                "two_processes": _summarise(two),
+            }
         half = str(text_records // 2)
         one, two = [], []
         for _ in range(repeats):
@@ -303,13 +373,17 @@ def run(text_records: int = 100_000, image_records: int = 2_000, repeats: int = 
             e["speedup"] = round(e["two_processes"]["records_per_s"] / e["one_process"]["records_per_s"], 3)
         report["scale_out"] = scale
     local, remote = report["workloads"]["text_1kb"], report["workloads"]["text_1kb_s3"]
-    remote["ratio_to_local_lake"] = round(remote["mmlake_ingest"]["records_per_s"]
-                                          / local["mmlake_ingest"]["records_per_s"], 3)
-    report["meets_target"] = all(w["ratio_records_per_s"] >= TARGET for n, w in report["workloads"].items()
-                                 if not n.endswith("_s3"))
+    remote["ratio_to_local_lake"] = round(
+        remote["mmlake_ingest"]["records_per_s"] / local["mmlake_ingest"]["records_per_s"], 3
+    )
+    report["meets_target"] = all(
+        w["ratio_records_per_s"] >= TARGET for n, w in report["workloads"].items() if not n.endswith("_s3")
+    )
     report["meets_naive_copy_target"] = all(
         w["mmlake_ingest"]["records_per_s"] / w["naive_copy"]["records_per_s"] >= 0.5
-        for n, w in report["workloads"].items() if not n.endswith("_s3"))
+        for n, w in report["workloads"].items()
+        if not n.endswith("_s3")
+    )
     faster = {}
     for n, w in report["workloads"].items():
         if not n.endswith("_s3"):

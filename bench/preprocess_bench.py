@@ -49,13 +49,15 @@ def _texts(count: int) -> list[bytes]:
     from mmlake.ingest.synth import COLOURS, SHAPES
 
     colours = list(COLOURS)
-    return [f"a {colours[i % len(colours)]} {SHAPES[i % len(SHAPES)]} on a dark background, photo {i}".encode()
-            for i in range(count)]
+    return [
+        f"a {colours[i % len(colours)]} {SHAPES[i % len(SHAPES)]} on a dark background, photo {i}".encode()
+        for i in range(count)
+    ]
 
 
 def _timed(fn: Any, items: list[bytes], batch: int) -> tuple[float, np.ndarray]:
     start = time.perf_counter()
-    outs = [fn(items[i:i + batch]) for i in range(0, len(items), batch)]
+    outs = [fn(items[i : i + batch]) for i in range(0, len(items), batch)]
     return time.perf_counter() - start, np.concatenate(outs)
 
 
@@ -72,8 +74,10 @@ def run(images: int = 64, texts: int = 128, repeats: int = 3) -> dict[str, Any]:
     threads = min(os.cpu_count() or 1, 8)
     torch.set_num_threads(threads)
     options = resolve("cpu", threads, "all")
-    registry = Registry.load(cache_dir=os.environ.get("MMLAKE_PREPROCESS_CACHE_DIR")
-                             or os.path.join(tempfile.gettempdir(), "mmlake-bench-operators"))
+    registry = Registry.load(
+        cache_dir=os.environ.get("MMLAKE_PREPROCESS_CACHE_DIR")
+        or os.path.join(tempfile.gettempdir(), "mmlake-bench-operators")
+    )
     image_op = load(registry.operator("image_clip@1"), registry, options)
     text_op = load(registry.operator("text_clip@1"), registry, options)
     model = torch_reference(registry.models["clip_image@vit-s-32-seed0"].params)
@@ -109,12 +113,19 @@ def run(images: int = 64, texts: int = 128, repeats: int = 3) -> dict[str, Any]:
     def onnx_trained(batch: list[bytes]) -> np.ndarray:
         return trained_op.encode(batch, batch_size=len(batch)).embeddings
 
-    workloads = {"images": (_images(images), torch_images, onnx_images),
-                 "texts": (_texts(texts), torch_texts, onnx_texts),
-                 "images_trained": (_images(images), torch_trained, onnx_trained)}
-    report: dict[str, Any] = {"target_ratio": TARGET, "threads": threads, "model": "ViT-S-32 (seeded, untrained); images_trained: "
-                              "EfficientNet-Lite0 (trained, the default image operator)",
-                              "ort_version": options.ort_version, "torch_version": torch.__version__}
+    workloads = {
+        "images": (_images(images), torch_images, onnx_images),
+        "texts": (_texts(texts), torch_texts, onnx_texts),
+        "images_trained": (_images(images), torch_trained, onnx_trained),
+    }
+    report: dict[str, Any] = {
+        "target_ratio": TARGET,
+        "threads": threads,
+        "model": "ViT-S-32 (seeded, untrained); images_trained: "
+        "EfficientNet-Lite0 (trained, the default image operator)",
+        "ort_version": options.ort_version,
+        "torch_version": torch.__version__,
+    }
     for name, (items, reference, ours) in workloads.items():
         reference(items[:2])
         ours(items[:2])  # warm both paths
@@ -129,8 +140,15 @@ def run(images: int = 64, texts: int = 128, repeats: int = 3) -> dict[str, Any]:
             cosine = (ref * out).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(out, axis=1)
             torch_rate = len(items) / statistics.median(t_torch)
             onnx_rate = len(items) / statistics.median(t_onnx)
-            rows[str(batch)] = {"torch_per_s": round(torch_rate, 1), "onnx_per_s": round(onnx_rate, 1),
-                                "ratio": round(onnx_rate / torch_rate, 3), "min_cosine": round(float(cosine.min()), 6)}
-        report[name] = {"count": len(items), "by_batch_size": rows,
-                        "meets_target": all(r["ratio"] >= TARGET for r in rows.values())}
+            rows[str(batch)] = {
+                "torch_per_s": round(torch_rate, 1),
+                "onnx_per_s": round(onnx_rate, 1),
+                "ratio": round(onnx_rate / torch_rate, 3),
+                "min_cosine": round(float(cosine.min()), 6),
+            }
+        report[name] = {
+            "count": len(items),
+            "by_batch_size": rows,
+            "meets_target": all(r["ratio"] >= TARGET for r in rows.values()),
+        }
     return report

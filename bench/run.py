@@ -13,8 +13,13 @@ def main() -> int:
     from bench import cache_bench, drift_eval, inference_bench, ingest_bench, preprocess_bench
 
     RESULTS.mkdir(exist_ok=True)
-    benches = {"ingest": ingest_bench.run, "cache": cache_bench.run, "preprocess": preprocess_bench.run,
-               "drift": drift_eval.run, "inference": inference_bench.run}
+    benches = {
+        "ingest": ingest_bench.run,
+        "cache": cache_bench.run,
+        "preprocess": preprocess_bench.run,
+        "drift": drift_eval.run,
+        "inference": inference_bench.run,
+    }
     only = set(sys.argv[1:])
     for name, bench in benches.items():
         if only and name not in only:

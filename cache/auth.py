@@ -43,8 +43,10 @@ def load_tokens(path: str) -> Tokens:
         raise CacheError(f"tokens file {path} is not UTF-8 text (byte {err.start})") from None
     except (json.JSONDecodeError, RecursionError) as err:
         raise CacheError(f"tokens file {path} is not JSON: {getattr(err, 'msg', err)}") from None
-    bad = f"tokens file {path} must be a non-empty JSON object of token -> tenant name (or -> " \
-          '{"tenant": name, "share": fraction} or {"operator": true})'
+    bad = (
+        f"tokens file {path} must be a non-empty JSON object of token -> tenant name (or -> "
+        '{"tenant": name, "share": fraction} or {"operator": true})'
+    )
     if not isinstance(data, dict) or not data:
         raise CacheError(bad)
     tenants: dict[str, str] = {}
@@ -57,8 +59,12 @@ def load_tokens(path: str) -> Tokens:
             tenants[token] = value
         elif isinstance(value, dict) and value.get("operator") is True and set(value) == {"operator"}:
             operators.add(token)
-        elif isinstance(value, dict) and isinstance(value.get("tenant"), str) and value["tenant"] \
-                and set(value) <= {"tenant", "share"}:
+        elif (
+            isinstance(value, dict)
+            and isinstance(value.get("tenant"), str)
+            and value["tenant"]
+            and set(value) <= {"tenant", "share"}
+        ):
             tenants[token] = value["tenant"]
             if "share" in value:
                 share = value["share"]

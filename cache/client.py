@@ -44,8 +44,9 @@ class SafeCacheClient:
     def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0) -> None:
         import httpx
 
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s,
-                                  headers={"Authorization": f"Bearer {token}"})
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}
+        )
 
     def _raise(self, response: Any) -> None:
         if response.status_code < 400:
@@ -56,8 +57,16 @@ class SafeCacheClient:
             message = response.text
         raise error_for(response.status_code)(f"{response.status_code}: {message}")
 
-    def put(self, model_id: str, embedding: Any, tensors: Tensors, *, ttl_s: float | None = None,
-            source: str | None = None, salt: str | None = None) -> dict[str, Any]:
+    def put(
+        self,
+        model_id: str,
+        embedding: Any,
+        tensors: Tensors,
+        *,
+        ttl_s: float | None = None,
+        source: str | None = None,
+        salt: str | None = None,
+    ) -> dict[str, Any]:
         import torch
         from safetensors.torch import save
 
@@ -68,22 +77,28 @@ class SafeCacheClient:
             metadata["source"] = source
         if salt is not None:
             metadata["salt"] = salt
-        body = save({**{k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                     "embedding": torch.as_tensor(np.asarray(embedding, dtype=np.float32))}, metadata=metadata)
+        body = save(
+            {
+                **{k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                "embedding": torch.as_tensor(np.asarray(embedding, dtype=np.float32)),
+            },
+            metadata=metadata,
+        )
         response = self._http.post("/v1/kv", content=body, headers={"Content-Type": "application/octet-stream"})
         self._raise(response)
         return dict(response.json())
 
-    def lookup(self, model_id: str, embedding: Any, *, min_similarity: float | None = None,
-               salt: str | None = None) -> Hit | Miss:
-        query: dict[str, Any] = {"model_id": model_id,
-                                 "embedding": np.asarray(embedding, dtype=np.float32).tolist()}
+    def lookup(
+        self, model_id: str, embedding: Any, *, min_similarity: float | None = None, salt: str | None = None
+    ) -> Hit | Miss:
+        query: dict[str, Any] = {"model_id": model_id, "embedding": np.asarray(embedding, dtype=np.float32).tolist()}
         if min_similarity is not None:
             query["min_similarity"] = min_similarity
         if salt is not None:
             query["salt"] = salt
-        with self._http.stream("POST", "/v1/kv/lookup", content=json.dumps(query),
-                               headers={"Content-Type": "application/json"}) as response:
+        with self._http.stream(
+            "POST", "/v1/kv/lookup", content=json.dumps(query), headers={"Content-Type": "application/json"}
+        ) as response:
             if response.status_code != 200:
                 response.read()
                 if response.status_code == 404:
@@ -100,8 +115,11 @@ class SafeCacheClient:
                 got += len(chunk)
             if got != size:
                 raise CacheError(f"hit body ended after {got} of {size} bytes")
-            return Hit(response.headers["X-SafeCache-Id"], float(response.headers["X-SafeCache-Similarity"]),
-                       tensors_from_buffer(buffer))
+            return Hit(
+                response.headers["X-SafeCache-Id"],
+                float(response.headers["X-SafeCache-Similarity"]),
+                tensors_from_buffer(buffer),
+            )
 
     def delete(self, entry_id: str) -> bool:
         response = self._http.delete(f"/v1/kv/{entry_id}")
@@ -112,8 +130,9 @@ class SafeCacheClient:
 
     def invalidate_source(self, source: str) -> int:
         """Drop this tenant's entries stored from ``source`` (a stream whose drift alarm is up)."""
-        response = self._http.post("/v1/kv/invalidate", content=json.dumps({"source": source}),
-                                   headers={"Content-Type": "application/json"})
+        response = self._http.post(
+            "/v1/kv/invalidate", content=json.dumps({"source": source}), headers={"Content-Type": "application/json"}
+        )
         self._raise(response)
         return int(response.json()["invalidated"])
 

@@ -20,12 +20,24 @@ if TYPE_CHECKING:
 
 #: safetensors dtype code -> torch dtype name (a name this torch lacks is left out at run time).
 CODES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2": "float8_e5m2",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2": "float8_e5m2",
     "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
-    "BOOL": "bool", "C64": "complex64",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "C64": "complex64",
 }
 MAX_HEADER_BYTES = 16 << 20
 
@@ -48,8 +60,10 @@ def check_servable(tensors: Tensors) -> None:
     """BadRequestError naming the first tensor whose dtype cannot be served back."""
     for name, t in tensors.items():
         if code_of(t.dtype) is None:
-            raise BadRequestError(f"tensor {name!r} has dtype {t.dtype}, which safetensors cannot carry; "
-                                  f"use one of {', '.join(sorted(CODES.values()))}")
+            raise BadRequestError(
+                f"tensor {name!r} has dtype {t.dtype}, which safetensors cannot carry; "
+                f"use one of {', '.join(sorted(CODES.values()))}"
+            )
 
 
 def parse_safetensors(body: bytes) -> tuple[Tensors, dict[str, str]]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from mmlake.cache.admission import COMPARED_MEMBERS, Admission
 from mmlake.cache.counters import COUNTERS, Counters
-from mmlake.cache.entries import K, Entry, Hit, Miss, Namespace, PutResult, exact_hash, lsh_key
+from mmlake.cache.entries import Entry, Hit, K, Miss, Namespace, PutResult, exact_hash, lsh_key
 from mmlake.cache.errors import BadRequestError, PayloadTooLargeError, QuotaExceededError
 from mmlake.cache.eviction import FairShares, Placement
 from mmlake.cache.index import VectorIndex
@@ -56,8 +56,9 @@ class SafeCache:
         self.settings = settings or CacheSettings()
         s = self.settings
         self.clock = clock
-        self.tiers = tiers if tiers is not None else tiers_from_settings(s.gpu_bytes, s.cpu_bytes, s.disk_bytes,
-                                                                         s.disk_dir)
+        self.tiers = (
+            tiers if tiers is not None else tiers_from_settings(s.gpu_bytes, s.cpu_bytes, s.disk_bytes, s.disk_dir)
+        )
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._indexes: dict[Namespace, VectorIndex] = {}
@@ -67,8 +68,9 @@ class SafeCache:
         self._models: dict[str, set[Namespace]] = {}  # tenant -> its namespaces
         self._shares = FairShares()
         self._shares.known |= set(tenants or ())
-        self._placement = Placement(self.tiers, self._shares, fair=s.fair_shares,
-                                    similarity_weight_s=s.similarity_weight_s)
+        self._placement = Placement(
+            self.tiers, self._shares, fair=s.fair_shares, similarity_weight_s=s.similarity_weight_s
+        )
         self._admission = Admission(s.collision_bound, s.collision_min_pairs, s.min_similarity)
         self._counters = Counters()
         self.set_shares(shares or {})
@@ -110,8 +112,10 @@ class SafeCache:
         models = self._models.setdefault(tenant, set())
         limit = self.settings.max_models_per_tenant
         if len(models) >= limit:
-            raise QuotaExceededError(f"tenant {tenant!r} already holds entries of {limit} models (and salts); "
-                                     "delete some, or let them expire (MMLAKE_CACHE_MAX_MODELS_PER_TENANT)")
+            raise QuotaExceededError(
+                f"tenant {tenant!r} already holds entries of {limit} models (and salts); "
+                "delete some, or let them expire (MMLAKE_CACHE_MAX_MODELS_PER_TENANT)"
+            )
         index = self._indexes[namespace] = VectorIndex(self.lsh_for(dim), self.settings.lsh_probes)
         self._lsh_users[dim] = self._lsh_users.get(dim, 0) + 1
         models.add(namespace)
@@ -191,9 +195,20 @@ class SafeCache:
             now = self.clock()
             return sum(self._expire(e, now) for e in list(self._entries.values()))
 
-    def _add(self, entry_id: str, namespace: Namespace, index: VectorIndex, unit: np.ndarray, tensors: Tensors, *,
-             expires_at: float, accesses: list[float], reuse_similarity: float, source: str | None,
-             primary: int | None = None) -> Entry:
+    def _add(
+        self,
+        entry_id: str,
+        namespace: Namespace,
+        index: VectorIndex,
+        unit: np.ndarray,
+        tensors: Tensors,
+        *,
+        expires_at: float,
+        accesses: list[float],
+        reuse_similarity: float,
+        source: str | None,
+        primary: int | None = None,
+    ) -> Entry:
         """File a new entry: its vector in the namespace's index, its keys (LSH and exact), its tensors in
         the fastest tier. The one place an :class:`Entry` is made (a store and a restore alike).
         ``primary``: the vector's table-0 bucket, where the caller has it already."""
@@ -201,8 +216,21 @@ class SafeCache:
         exact = exact_hash(unit)
         slot = index.add(entry_id, unit)
         key = lsh_key(index.lsh, index.lsh.keys(unit)[0] if primary is None else primary)
-        entry = Entry(entry_id, tenant, model_id, slot, exact, key, tensors_nbytes(tensors), expires_at,
-                      self.tiers[0].name, accesses[-K:], reuse_similarity, source, salt)
+        entry = Entry(
+            entry_id,
+            tenant,
+            model_id,
+            slot,
+            exact,
+            key,
+            tensors_nbytes(tensors),
+            expires_at,
+            self.tiers[0].name,
+            accesses[-K:],
+            reuse_similarity,
+            source,
+            salt,
+        )
         self._placement.place(entry, tensors)
         self._entries[entry_id] = entry
         self._exact.setdefault(namespace, {})[exact] = entry_id
@@ -279,16 +307,35 @@ class SafeCache:
                 return PutResult(None, key, admitted=False, reason=refusal)
             self._admission.record(namespace, primary, index.similarities(unit, members[:COMPARED_MEMBERS]))
 
-            entry = self._add(uuid.uuid4().hex, namespace, index, unit, tensors, expires_at=expires_at,
-                              accesses=[now], reuse_similarity=1.0, source=source, primary=primary)
+            entry = self._add(
+                uuid.uuid4().hex,
+                namespace,
+                index,
+                unit,
+                tensors,
+                expires_at=expires_at,
+                accesses=[now],
+                reuse_similarity=1.0,
+                source=source,
+                primary=primary,
+            )
             self._counters.count(tenant, "stores")
             self._rebalance(protect=entry.id)
             admitted = entry.id in self._entries
-            return PutResult(entry.id if admitted else None, key, admitted=admitted,
-                             reason=None if admitted else "evicted at once: budget too small")
+            return PutResult(
+                entry.id if admitted else None,
+                key,
+                admitted=admitted,
+                reason=None if admitted else "evicted at once: budget too small",
+            )
 
     def lookup(
-        self, tenant: str, model_id: str, embedding: Any, *, min_similarity: float | None = None,
+        self,
+        tenant: str,
+        model_id: str,
+        embedding: Any,
+        *,
+        min_similarity: float | None = None,
         salt: str | None = None,
     ) -> Hit | Miss:
         """The stored KV of the most similar live entry of the namespace at cosine >= the threshold,
@@ -353,8 +400,11 @@ class SafeCache:
                 "budgets": {t.name: t.budget for t in self.tiers},
                 **self.counters(tenant),
                 "models": len(namespaces),
-                "lsh": {str(dim): self._lsh[dim].version
-                        for dim in sorted({self._indexes[ns].dim for ns in namespaces}) if dim in self._lsh},
+                "lsh": {
+                    str(dim): self._lsh[dim].version
+                    for dim in sorted({self._indexes[ns].dim for ns in namespaces})
+                    if dim in self._lsh
+                },
             }
             if tenant is not None:
                 share = self.share_of(tenant)
@@ -421,9 +471,20 @@ class SafeCache:
                 return False
             existing = self._indexes.get(namespace)
             if existing is not None and existing.dim != unit.size:
-                raise BadRequestError(f"entry {entry_id}: dimension {unit.size} does not match its model's {existing.dim}")
+                raise BadRequestError(
+                    f"entry {entry_id}: dimension {unit.size} does not match its model's {existing.dim}"
+                )
             index = self._namespace_index(namespace, unit.size)
-            self._add(entry_id, namespace, index, unit, tensors, expires_at=expires_at, accesses=list(accesses),
-                      reuse_similarity=reuse_similarity, source=source)
+            self._add(
+                entry_id,
+                namespace,
+                index,
+                unit,
+                tensors,
+                expires_at=expires_at,
+                accesses=list(accesses),
+                reuse_similarity=reuse_similarity,
+                source=source,
+            )
             self._rebalance()
             return entry_id in self._entries

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 #: Every counter, in the order ``/v1/stats`` and ``/metrics`` list them.
-COUNTERS = ("hits", "misses", "rejected_below_threshold", "evictions", "expirations", "stores",
-            "refreshes", "rejected_admission")
+COUNTERS = (
+    "hits",
+    "misses",
+    "rejected_below_threshold",
+    "evictions",
+    "expirations",
+    "stores",
+    "refreshes",
+    "rejected_admission",
+)
 
 
 class Counters:

@@ -40,8 +40,12 @@ class RequestTimeoutError(CacheError, TimeoutError):
 #: The HTTP status of each error (anything else a ``CacheError`` is 400): the server answers with it,
 #: the client raises the error again from it.
 HTTP_STATUS: dict[type[CacheError], int] = {
-    UnauthorizedError: 401, ForbiddenError: 403, RequestTimeoutError: 408, PayloadTooLargeError: 413,
-    QuotaExceededError: 429, BusyError: 503,
+    UnauthorizedError: 401,
+    ForbiddenError: 403,
+    RequestTimeoutError: 408,
+    PayloadTooLargeError: 413,
+    QuotaExceededError: 429,
+    BusyError: 503,
 }
 
 

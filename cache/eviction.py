@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from mmlake.cache.entries import K, Entry
+from mmlake.cache.entries import Entry, K
 from mmlake.cache.errors import BadRequestError
 from mmlake.cache.tiers import Tensors, Tier
 
@@ -86,11 +86,15 @@ class Placement:
 
     def over_share(self, tier: Tier) -> set[str]:
         """The tenants holding more of ``tier`` than their share of its budget."""
-        return {tenant for (name, tenant), used in self.usage.items()
-                if name == tier.name and used > self.shares.of(tenant) * tier.budget}
+        return {
+            tenant
+            for (name, tenant), used in self.usage.items()
+            if name == tier.name and used > self.shares.of(tenant) * tier.budget
+        }
 
-    def rebalance(self, entries: Mapping[str, Entry], evict: Callable[[Entry], None],
-                  protect: str | None = None) -> None:
+    def rebalance(
+        self, entries: Mapping[str, Entry], evict: Callable[[Entry], None], protect: str | None = None
+    ) -> None:
         """Keep every tier within its budget: demote victims to the next tier, ``evict`` them from the
         last. Victims come from tenants over their share of the tier when there are any (fair shares), and
         the entry just stored (``protect``) is the last candidate, not the first as plain LRU-K would make

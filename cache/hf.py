@@ -56,8 +56,10 @@ def to_tensors(past_key_values: Any) -> dict[str, torch.Tensor]:
     for i, layer in enumerate(layers):
         kind = type(layer)
         if kind not in (DynamicLayer, DynamicSlidingWindowLayer):
-            raise TypeError(f"layer {i} is a {kind.__name__}: only DynamicLayer and DynamicSlidingWindowLayer "
-                            "hold plain tensors SafeCache can store")
+            raise TypeError(
+                f"layer {i} is a {kind.__name__}: only DynamicLayer and DynamicSlidingWindowLayer "
+                "hold plain tensors SafeCache can store"
+            )
         if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
             raise ValueError(f"layer {i} holds no keys yet: run the prefix through the model first")
         out[f"layers.{i}.{_KEYS}"] = layer.keys.contiguous()  # a sliding window holds a slice
@@ -91,8 +93,10 @@ def from_tensors(tensors: Mapping[str, torch.Tensor], device: Any = None) -> Dyn
         if device is not None:
             keys, values = keys.to(device), None if values is None else values.to(device)
         if values is None or values.shape[:-1] != keys.shape[:-1] or keys.dim() != 4:
-            raise BadRequestError(f"layer {i}: keys {tuple(keys.shape)} and values "
-                                  f"{None if values is None else tuple(values.shape)} are not a KV pair")
+            raise BadRequestError(
+                f"layer {i}: keys {tuple(keys.shape)} and values "
+                f"{None if values is None else tuple(values.shape)} are not a KV pair"
+            )
         window = tensors.get(f"layers.{i}.{_WINDOW}")
         if window is None:
             data.append((keys, values))
@@ -134,16 +138,29 @@ def _tenant(tenant: str | None) -> str:
     return tenant
 
 
-def _lookup(store: SafeCache | SafeCacheClient, tenant: str | None, model_id: str, embedding: Any,
-            salt: str, min_similarity: float | None) -> Any:
+def _lookup(
+    store: SafeCache | SafeCacheClient,
+    tenant: str | None,
+    model_id: str,
+    embedding: Any,
+    salt: str,
+    min_similarity: float | None,
+) -> Any:
     if isinstance(store, SafeCache):
         return store.lookup(_tenant(tenant), model_id, embedding, min_similarity=min_similarity, salt=salt)
     return store.lookup(model_id, embedding, min_similarity=min_similarity, salt=salt)
 
 
-def store_prefix(store: SafeCache | SafeCacheClient, kv: DynamicCache | Mapping[str, torch.Tensor],
-                 input_ids: torch.Tensor, embedding: Any, *, model_id: str, tenant: str | None = None,
-                 ttl_s: float | None = None) -> bool:
+def store_prefix(
+    store: SafeCache | SafeCacheClient,
+    kv: DynamicCache | Mapping[str, torch.Tensor],
+    input_ids: torch.Tensor,
+    embedding: Any,
+    *,
+    model_id: str,
+    tenant: str | None = None,
+    ttl_s: float | None = None,
+) -> bool:
     """Store the KV of the prefix ``input_ids`` (a ``DynamicCache`` holding only the prefix, or what
     :func:`to_tensors` made of it before the cache went on) under ``embedding``; whether it was admitted."""
     named = dict(kv) if isinstance(kv, Mapping) else to_tensors(kv)
@@ -165,9 +182,18 @@ def compute_prefix(model: Any, prefix_inputs: Mapping[str, Any]) -> DynamicCache
     return cache
 
 
-def reuse_prefix(model: Any, prefix_inputs: Mapping[str, Any], embedding: Any,
-                 store: SafeCache | SafeCacheClient, *, model_id: str, tenant: str | None = None,
-                 min_similarity: float | None = None, ttl_s: float | None = None, store_on_miss: bool = True) -> Reused:
+def reuse_prefix(
+    model: Any,
+    prefix_inputs: Mapping[str, Any],
+    embedding: Any,
+    store: SafeCache | SafeCacheClient,
+    *,
+    model_id: str,
+    tenant: str | None = None,
+    min_similarity: float | None = None,
+    ttl_s: float | None = None,
+    store_on_miss: bool = True,
+) -> Reused:
     """The KV cache of the prefix ``prefix_inputs`` (``input_ids`` and e.g. ``pixel_values``): looked up
     by ``embedding`` among entries of ``model_id`` with the same prefix token ids; on a miss computed
     with ``model`` and, with ``store_on_miss``, stored (a server that wants its first token sooner
@@ -177,17 +203,24 @@ def reuse_prefix(model: Any, prefix_inputs: Mapping[str, Any], embedding: Any,
     found = _lookup(store, tenant, model_id, embedding, salt, min_similarity)
     if isinstance(found, Hit):
         stored_ids = found.tensors.get(PREFIX_IDS)
-        if stored_ids is not None and stored_ids.shape == input_ids.shape and \
-                bool((stored_ids.cpu() == input_ids.cpu()).all()):
-            return Reused(from_tensors(found.tensors, getattr(model, "device", None)), True, found.similarity,
-                          found.id, "hit")
+        if (
+            stored_ids is not None
+            and stored_ids.shape == input_ids.shape
+            and bool((stored_ids.cpu() == input_ids.cpu()).all())
+        ):
+            return Reused(
+                from_tensors(found.tensors, getattr(model, "device", None)), True, found.similarity, found.id, "hit"
+            )
         reason = "the entry's prefix token ids differ from the request's"
         similarity: float | None = found.similarity
     else:
         reason, similarity = found.reason, found.best_similarity
     cache = compute_prefix(model, prefix_inputs)
-    stored = store_prefix(store, cache, input_ids, embedding, model_id=model_id, tenant=tenant, ttl_s=ttl_s) \
-        if store_on_miss else False
+    stored = (
+        store_prefix(store, cache, input_ids, embedding, model_id=model_id, tenant=tenant, ttl_s=ttl_s)
+        if store_on_miss
+        else False
+    )
     return Reused(cache, False, similarity, None, reason, stored)
 
 
@@ -201,8 +234,13 @@ def next_logits(model: Any, cache: DynamicCache, input_ids: torch.Tensor) -> tor
     return out.logits[:, -1, :]
 
 
-def greedy(model: Any, cache: DynamicCache, input_ids: torch.Tensor, max_new_tokens: int,
-           on_first: Callable[[], None] | None = None) -> tuple[list[int], torch.Tensor]:
+def greedy(
+    model: Any,
+    cache: DynamicCache,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    on_first: Callable[[], None] | None = None,
+) -> tuple[list[int], torch.Tensor]:
     """Greedy decoding of one sequence after the prefix in ``cache``: the new token ids and the logits
     of the first step (the ones time to first token waits for; ``on_first`` is called once they are
     there)."""

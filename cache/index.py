@@ -150,9 +150,7 @@ class VectorIndex:
 
         if not slots:
             return np.zeros(0, dtype=np.float32)
-        return faiss.pairwise_distances(
-            unit.reshape(1, -1), self._vectors[slots], faiss.METRIC_INNER_PRODUCT
-        )[0]
+        return faiss.pairwise_distances(unit.reshape(1, -1), self._vectors[slots], faiss.METRIC_INNER_PRODUCT)[0]
 
     def flat_search(self, unit: np.ndarray, k: int = 8) -> list[tuple[int, float]]:
         """The ``k`` best live slots by a scan of every stored vector (the baseline LSH is measured against)."""

@@ -27,7 +27,7 @@ def at_cosine(vector: np.ndarray, cosine: float, rng: np.random.Generator) -> np
     noise = rng.standard_normal(u.shape)
     noise -= (noise @ u) * u
     noise /= np.linalg.norm(noise)
-    return (cosine * u + np.sqrt(1 - cosine ** 2) * noise).astype(np.float32)
+    return (cosine * u + np.sqrt(1 - cosine**2) * noise).astype(np.float32)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,13 @@ class CacheMetrics:
 
         self.cache = cache
         self.registry = CollectorRegistry()
-        self.latency = Histogram("safecache_lookup_seconds", "Lookup latency inside the server",
-                                 registry=self.registry, buckets=LATENCY_BUCKETS)
-        self.registry.register(self)  # type: ignore[arg-type]  # a collector is anything with collect()
+        self.latency = Histogram(
+            "safecache_lookup_seconds",
+            "Lookup latency inside the server",
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.registry.register(self)  # a collector is anything with collect()
 
     def observe_lookup(self, seconds: float) -> None:
         self.latency.observe(seconds)
@@ -38,19 +42,20 @@ class CacheMetrics:
 
     def collect(self) -> Iterator[Metric]:
         """The cache's own series, read when scraped."""
-        from mmlake.cache.core import SafeCache
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from mmlake.cache.core import SafeCache
 
         cache = self.cache
         per_tenant = cache.tenant_stats()
         for name in SafeCache.COUNTERS:
-            family = CounterMetricFamily(f"safecache_{name}", f"SafeCache {name.replace('_', ' ')}",
-                                         labels=["tenant"])
+            family = CounterMetricFamily(f"safecache_{name}", f"SafeCache {name.replace('_', ' ')}", labels=["tenant"])
             for tenant, stats in per_tenant.items():
                 family.add_metric([tenant], stats[name])
             yield family
-        tier_bytes = GaugeMetricFamily("safecache_bytes", "Bytes of KV tensors per tier and tenant",
-                                       labels=["tier", "tenant"])
+        tier_bytes = GaugeMetricFamily(
+            "safecache_bytes", "Bytes of KV tensors per tier and tenant", labels=["tier", "tenant"]
+        )
         entries = GaugeMetricFamily("safecache_entries", "Live entries per tenant", labels=["tenant"])
         for tenant, stats in per_tenant.items():
             for tier, value in stats["bytes"].items():

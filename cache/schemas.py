@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -55,16 +53,30 @@ class StatsBody(BaseModel, extra="allow"):
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    text = {400: "Bad input", 401: "No or unknown bearer token", 403: "A token not allowed here",
-            404: "Not found", 408: "The body did not arrive in time", 413: "Body or entry too large",
-            429: "The tenant's bound on models is reached", 503: "Too many request bytes held: retry"}
+    text = {
+        400: "Bad input",
+        401: "No or unknown bearer token",
+        403: "A token not allowed here",
+        404: "Not found",
+        408: "The body did not arrive in time",
+        413: "Body or entry too large",
+        429: "The tenant's bound on models is reached",
+        503: "Too many request bytes held: retry",
+    }
     return {code: {"model": ErrorBody, "description": text[code]} for code in codes}
 
 
 SAFETENSORS = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
-STORE_BODY = {"requestBody": {"required": True, "description": (
-    "A safetensors file: a 1-D float32 tensor `embedding` and the KV tensors; `__metadata__` holds "
-    "`model_id` (required), `ttl_s`, `source` and `salt` (optional)."), "content": SAFETENSORS}}
+STORE_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "A safetensors file: a 1-D float32 tensor `embedding` and the KV tensors; `__metadata__` holds "
+            "`model_id` (required), `ttl_s`, `source` and `salt` (optional)."
+        ),
+        "content": SAFETENSORS,
+    }
+}
 
 
 def json_request(model: type[BaseModel]) -> dict[str, Any]:

@@ -45,8 +45,12 @@ from mmlake.cache.schemas import (
 
 __all__ = ["Tokens", "create_app", "load_tokens", "serve"]
 
-_LOOKUP_MESSAGES = {"embedding": "embedding must be a non-empty list of numbers", "model_id": "model_id is required",
-                    "min_similarity": "min_similarity must be a number", "salt": "salt must be a string"}
+_LOOKUP_MESSAGES = {
+    "embedding": "embedding must be a non-empty list of numbers",
+    "model_id": "model_id is required",
+    "min_similarity": "min_similarity must be a number",
+    "salt": "salt must be a string",
+}
 _SOURCE_MESSAGES = {"source": "source is required"}
 
 
@@ -71,10 +75,14 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
     settings = cache.settings
     reader = BodyReader(settings.max_inflight_bytes, settings.body_timeout_s)
     exporter = CacheMetrics(cache)
-    app = FastAPI(title="SafeCache", version="1", docs_url="/docs" if settings.docs else None,
-                  redoc_url="/redoc" if settings.docs else None,
-                  description="KV caches of transformer prefixes, keyed by embeddings, reused only for "
-                              "near-identical prompts. See docs/cache.md.")
+    app = FastAPI(
+        title="SafeCache",
+        version="1",
+        docs_url="/docs" if settings.docs else None,
+        redoc_url="/redoc" if settings.docs else None,
+        description="KV caches of transformer prefixes, keyed by embeddings, reused only for "
+        "near-identical prompts. See docs/cache.md.",
+    )
 
     def tenant(request: Request) -> str:
         return tenant_of(who, request.headers.get("authorization", ""))
@@ -93,8 +101,13 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/kv", status_code=201, response_model=StoredBody, openapi_extra=STORE_BODY,
-              responses=errors(400, 401, 403, 408, 413, 429, 503))
+    @app.post(
+        "/v1/kv",
+        status_code=201,
+        response_model=StoredBody,
+        openapi_extra=STORE_BODY,
+        responses=errors(400, 401, 403, 408, 413, 429, 503),
+    )
     async def store(request: Request) -> JSONResponse:
         """Store KV tensors under an embedding."""
         owner = tenant(request)
@@ -104,7 +117,9 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
             if embedding is None:
                 raise BadRequestError("safetensors file has no 'embedding' tensor")
             if embedding.dtype != torch.float32 or embedding.dim() != 1:
-                raise BadRequestError(f"'embedding' must be 1-D float32, got {embedding.dtype} {tuple(embedding.shape)}")
+                raise BadRequestError(
+                    f"'embedding' must be 1-D float32, got {embedding.dtype} {tuple(embedding.shape)}"
+                )
             check_servable(tensors)
             model_id = metadata.get("model_id")
             if not model_id:
@@ -117,8 +132,16 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
                     raise BadRequestError(f"ttl_s {metadata['ttl_s'][:40]!r} is not a number") from None
                 if not np.isfinite(ttl_s):
                     raise BadRequestError("ttl_s must be a finite number")
-            result = await run_in_threadpool(cache.put, owner, model_id, embedding.numpy(), tensors, ttl_s=ttl_s,
-                                             source=metadata.get("source"), salt=metadata.get("salt"))
+            result = await run_in_threadpool(
+                cache.put,
+                owner,
+                model_id,
+                embedding.numpy(),
+                tensors,
+                ttl_s=ttl_s,
+                source=metadata.get("source"),
+                salt=metadata.get("salt"),
+            )
         payload: dict[str, Any] = {"id": result.id, "lsh_key": result.lsh_key, "admitted": result.admitted}
         if result.refreshed:
             payload["refreshed"] = True
@@ -126,20 +149,35 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
             payload["reason"] = result.reason
         return JSONResponse(payload, status_code=201)
 
-    @app.post("/v1/kv/lookup", openapi_extra=json_request(LookupQuery), responses={
-        200: {"description": "A hit: a safetensors file of the KV tensors (no embedding).", "content": SAFETENSORS,
-              "headers": {"X-SafeCache-Id": {"schema": {"type": "string"}},
-                          "X-SafeCache-Similarity": {"schema": {"type": "string"}}}},
-        404: {"model": MissBody, "description": "A miss: nothing close enough."},
-        **errors(400, 401, 403, 408, 413, 503)})
+    @app.post(
+        "/v1/kv/lookup",
+        openapi_extra=json_request(LookupQuery),
+        responses={
+            200: {
+                "description": "A hit: a safetensors file of the KV tensors (no embedding).",
+                "content": SAFETENSORS,
+                "headers": {
+                    "X-SafeCache-Id": {"schema": {"type": "string"}},
+                    "X-SafeCache-Similarity": {"schema": {"type": "string"}},
+                },
+            },
+            404: {"model": MissBody, "description": "A miss: nothing close enough."},
+            **errors(400, 401, 403, 408, 413, 503),
+        },
+    )
     async def lookup(request: Request) -> Response:
         """Look up the KV tensors of the most similar entry at or above the threshold."""
         owner = tenant(request)
         query = validated(LookupQuery, await json_body(reader, request, settings.max_json_depth), _LOOKUP_MESSAGES)
         started = time.perf_counter()
-        result = await run_in_threadpool(cache.lookup, owner, query.model_id,
-                                         np.asarray(query.embedding, dtype=np.float64),
-                                         min_similarity=query.min_similarity, salt=query.salt)
+        result = await run_in_threadpool(
+            cache.lookup,
+            owner,
+            query.model_id,
+            np.asarray(query.embedding, dtype=np.float64),
+            min_similarity=query.min_similarity,
+            salt=query.salt,
+        )
         exporter.observe_lookup(time.perf_counter() - started)
         if isinstance(result, Hit):
             size, chunks = safetensors_chunks(result.tensors)
@@ -148,22 +186,34 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
                 for chunk in chunks:
                     yield chunk
 
-            return StreamingResponse(stream(), media_type="application/octet-stream", headers={
-                "X-SafeCache-Id": result.id, "X-SafeCache-Similarity": f"{result.similarity:.6f}",
-                "Content-Length": str(size)})
-        return JSONResponse({"error": "miss", "best_similarity": result.best_similarity, "reason": result.reason},
-                            status_code=404)
+            return StreamingResponse(
+                stream(),
+                media_type="application/octet-stream",
+                headers={
+                    "X-SafeCache-Id": result.id,
+                    "X-SafeCache-Similarity": f"{result.similarity:.6f}",
+                    "Content-Length": str(size),
+                },
+            )
+        return JSONResponse(
+            {"error": "miss", "best_similarity": result.best_similarity, "reason": result.reason}, status_code=404
+        )
 
-    @app.post("/v1/kv/invalidate", response_model=InvalidatedBody, openapi_extra=json_request(SourceQuery),
-              responses=errors(400, 401, 403, 408, 413, 503))
+    @app.post(
+        "/v1/kv/invalidate",
+        response_model=InvalidatedBody,
+        openapi_extra=json_request(SourceQuery),
+        responses=errors(400, 401, 403, 408, 413, 503),
+    )
     async def invalidate(request: Request) -> dict[str, int]:
         """Extension to v1: drop this tenant's entries stored with ``__metadata__.source == source``."""
         owner = tenant(request)
         query = validated(SourceQuery, await json_body(reader, request, settings.max_json_depth), _SOURCE_MESSAGES)
         return {"invalidated": await run_in_threadpool(cache.invalidate_source, owner, query.source)}
 
-    @app.delete("/v1/kv/{entry_id}", status_code=204, responses={
-        204: {"description": "Deleted."}, **errors(400, 401, 403, 404)})
+    @app.delete(
+        "/v1/kv/{entry_id}", status_code=204, responses={204: {"description": "Deleted."}, **errors(400, 401, 403, 404)}
+    )
     async def delete(entry_id: str, request: Request) -> Response:
         """Delete one of this tenant's entries (another tenant's id is not found)."""
         owner = tenant(request)
@@ -176,9 +226,16 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
         """This tenant's own figures: entries, bytes and share per tier, counters, models."""
         return cache.stats(tenant(request))
 
-    @app.get("/metrics", responses={
-        200: {"description": "Prometheus text, per-tenant series.", "content": {"text/plain": {"schema": {"type": "string"}}}},
-        **errors(401, 403)})
+    @app.get(
+        "/metrics",
+        responses={
+            200: {
+                "description": "Prometheus text, per-tenant series.",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **errors(401, 403),
+        },
+    )
     async def metrics(request: Request) -> PlainTextResponse:
         """For operators: Prometheus text with per-tenant series (tenants get 403)."""
         if not caller(who, request.headers.get("authorization", "")).operator:
@@ -188,8 +245,9 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
     return app
 
 
-def serve(port: int, tokens_path: str, *, host: str = "127.0.0.1", snapshot_dir: str | None = None,
-          settings: Any = None) -> None:
+def serve(
+    port: int, tokens_path: str, *, host: str = "127.0.0.1", snapshot_dir: str | None = None, settings: Any = None
+) -> None:
     """Run the server until interrupted; restore from and save to ``snapshot_dir`` when given."""
     import contextlib
     import os

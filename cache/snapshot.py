@@ -54,13 +54,21 @@ def save_snapshot(cache: SafeCache, folder: str | os.PathLike[str]) -> int:
     lsh = _lsh_params(cache)
     entries: list[dict[str, Any]] = []
     for entry in cache.entries():
-        meta = {"id": entry.id, "tenant": entry.tenant, "model_id": entry.model_id, "salt": entry.salt,
-                "expires_at": entry.expires_at, "accesses": entry.accesses,
-                "reuse_similarity": entry.reuse_similarity, "source": entry.source}
+        meta = {
+            "id": entry.id,
+            "tenant": entry.tenant,
+            "model_id": entry.model_id,
+            "salt": entry.salt,
+            "expires_at": entry.expires_at,
+            "accesses": entry.accesses,
+            "reuse_similarity": entry.reuse_similarity,
+            "source": entry.source,
+        }
         tensors = {k: v.detach().cpu().contiguous() for k, v in cache.tensors_of(entry).items()}
         tensors[_EMBEDDING] = torch.from_numpy(cache.embedding_of(entry))
-        save_file(tensors, str(tmp / f"{entry.id}.safetensors"),
-                  metadata={_META: json.dumps(meta), _LSH: json.dumps(lsh)})
+        save_file(
+            tensors, str(tmp / f"{entry.id}.safetensors"), metadata={_META: json.dumps(meta), _LSH: json.dumps(lsh)}
+        )
         entries.append(meta)
     (tmp / "manifest.json").write_text(json.dumps({"format": FORMAT, "lsh": lsh, "entries": entries}))
     old = target.with_name(target.name + ".old")
@@ -95,7 +103,9 @@ def _entry_meta(raw: Any) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{name} is not a number: {value!r:.40}")
     accesses = raw.get("accesses", [])
-    if not isinstance(accesses, list) or not all(isinstance(a, int | float) and not isinstance(a, bool) for a in accesses):
+    if not isinstance(accesses, list) or not all(
+        isinstance(a, int | float) and not isinstance(a, bool) for a in accesses
+    ):
         raise ValueError("accesses is not a list of numbers")
     for name in ("source", "salt"):
         if raw.get(name) is not None and not isinstance(raw[name], str):
@@ -115,14 +125,15 @@ def _first_valid(listed: Any, own: str | None, path: Path, warn: Callable[[str],
             problems.append(f"{where}: {err}")
             continue
         if problems:
-            warn(f"snapshot entry {path}: its manifest metadata is malformed ({problems[0][:100]}); "
-                 "restored from the metadata in the file itself")
+            warn(
+                f"snapshot entry {path}: its manifest metadata is malformed ({problems[0][:100]}); "
+                "restored from the metadata in the file itself"
+            )
         return meta
     raise ValueError("; ".join(problems) or "no metadata for it")
 
 
-def load_snapshot(cache: SafeCache, folder: str | os.PathLike[str], *,
-                  warn: Callable[[str], None] = _stderr) -> int:
+def load_snapshot(cache: SafeCache, folder: str | os.PathLike[str], *, warn: Callable[[str], None] = _stderr) -> int:
     """Restore the live (unexpired) entries of a snapshot; returns how many. Bad files are skipped with
     a ``warn`` line each and moved aside (see the module docstring); other LSH parameters are refused."""
     from safetensors import safe_open
@@ -143,8 +154,10 @@ def load_snapshot(cache: SafeCache, folder: str | os.PathLike[str], *,
                 raise ValueError("not a snapshot manifest")
         except (ValueError, UnicodeDecodeError, RecursionError) as err:
             moved = _quarantine(manifest_path, source)
-            warn(f"snapshot manifest {manifest_path} is unreadable ({str(err).splitlines()[0][:80]}); moved to "
-                 f"{moved}; restoring from the entry files' own metadata")
+            warn(
+                f"snapshot manifest {manifest_path} is unreadable ({str(err).splitlines()[0][:80]}); moved to "
+                f"{moved}; restoring from the entry files' own metadata"
+            )
             manifest = None
         if manifest is not None:
             if manifest.get("lsh") != want:
@@ -156,8 +169,10 @@ def load_snapshot(cache: SafeCache, folder: str | os.PathLike[str], *,
                     warn(f"snapshot manifest {manifest_path}: an entry without an id is skipped")
     files = {p.stem: p for p in source.glob("*.safetensors")}
     for entry_id in sorted(set(listed) - set(files)):
-        warn(f"snapshot entry {entry_id} is listed in the manifest, but {source / (entry_id + '.safetensors')} "
-             "is missing: skipped")
+        warn(
+            f"snapshot entry {entry_id} is listed in the manifest, but {source / (entry_id + '.safetensors')} "
+            "is missing: skipped"
+        )
     restored = 0
     for entry_id, path in sorted(files.items()):
         try:
@@ -169,15 +184,23 @@ def load_snapshot(cache: SafeCache, folder: str | os.PathLike[str], *,
             tensors = load_file(str(path))
             unit = tensors.pop(_EMBEDDING).numpy()
             restored += cache.restore_entry(
-                meta["id"], meta["tenant"], meta["model_id"], unit, tensors, expires_at=float(meta["expires_at"]),
+                meta["id"],
+                meta["tenant"],
+                meta["model_id"],
+                unit,
+                tensors,
+                expires_at=float(meta["expires_at"]),
                 accesses=[float(a) for a in meta.get("accesses", [])],
-                reuse_similarity=float(meta["reuse_similarity"]), source=meta.get("source"), salt=meta.get("salt"))
+                reuse_similarity=float(meta["reuse_similarity"]),
+                source=meta.get("source"),
+                salt=meta.get("salt"),
+            )
         except CacheError as err:
             if "made with LSH" in str(err):
                 raise
             moved = _quarantine(path, source)
             warn(f"snapshot entry {path} cannot be restored ({str(err).splitlines()[0][:120]}); moved to {moved}")
-        except Exception as err:  # noqa: BLE001 - a truncated or garbled file raises many kinds of error
+        except Exception as err:
             moved = _quarantine(path, source)
             reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
             warn(f"snapshot entry {path} cannot be restored ({type(err).__name__}: {reason}); moved to {moved}")

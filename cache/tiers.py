@@ -137,5 +137,6 @@ def build_tiers(configs: Mapping[str, TierConfig], order: Iterable[str] = TIER_O
 def tiers_from_settings(gpu_bytes: int, cpu_bytes: int, disk_bytes: int, disk_dir: str | None) -> list[Tier]:
     """The tiers the settings ask for: a GPU tier only with a GPU and a budget, a disk tier only with a
     budget and a folder, the CPU tier always."""
-    return build_tiers({"gpu": TierConfig(gpu_bytes), "cpu": TierConfig(cpu_bytes),
-                        "disk": TierConfig(disk_bytes, disk_dir)})
+    return build_tiers(
+        {"gpu": TierConfig(gpu_bytes), "cpu": TierConfig(cpu_bytes), "disk": TierConfig(disk_bytes, disk_dir)}
+    )

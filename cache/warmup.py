@@ -19,16 +19,17 @@ from mmlake.cache.lsh import HyperplaneLSH
 from mmlake.cache.settings import CacheSettings
 from mmlake.lake import UTC_US, StreamTables, app_id, commit, scan, txn_version
 
-KEYS_SCHEMA = pa.schema([
-    ("record_id", pa.string()),
-    ("sample_id", pa.string()),
-    ("modality", pa.string()),
-    ("event_time", UTC_US),
-    ("lsh_version", pa.string()),
-    ("lsh_keys", pa.list_(pa.int64())),
-    ("embedding_sha256", pa.string()),
-])
-
+KEYS_SCHEMA = pa.schema(
+    [
+        ("record_id", pa.string()),
+        ("sample_id", pa.string()),
+        ("modality", pa.string()),
+        ("event_time", UTC_US),
+        ("lsh_version", pa.string()),
+        ("lsh_keys", pa.list_(pa.int64())),
+        ("embedding_sha256", pa.string()),
+    ]
+)
 
 
 def _keys_table(tables: StreamTables) -> Any:
@@ -36,8 +37,9 @@ def _keys_table(tables: StreamTables) -> Any:
     return tables.ensure("cache_keys", KEYS_SCHEMA)
 
 
-def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = None, *,
-                    storage_options: dict[str, str] | None = None) -> tuple[int, list[str]]:
+def precompute_keys(
+    lake: str, stream: str, settings: CacheSettings | None = None, *, storage_options: dict[str, str] | None = None
+) -> tuple[int, list[str]]:
     """Append to ``<lake>/<stream>/cache_keys`` the LSH keys of feature rows not keyed yet under the
     current LSH version of their width. Returns (rows keyed, LSH versions used: one per embedding
     width). Rerunning adds nothing."""
@@ -67,7 +69,7 @@ def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = Non
     rows, versions = [], []
     for dim in sorted({int(n) for n in lengths if n > 0}):
         at = np.flatnonzero(lengths == dim)
-        embeddings = np.stack([flat[starts[i]:starts[i + 1]] for i in at])
+        embeddings = np.stack([flat[starts[i] : starts[i + 1]] for i in at])
         with np.errstate(invalid="ignore"):
             norms = np.linalg.norm(embeddings, axis=1)
         usable = np.isfinite(norms) & (norms > 0)
@@ -79,8 +81,14 @@ def precompute_keys(lake: str, stream: str, settings: CacheSettings | None = Non
         for j, i in enumerate(at):
             if not usable[j] or (meta[i]["record_id"], lsh.version) in done_set:
                 continue
-            rows.append({**meta[i], "lsh_version": lsh.version, "lsh_keys": [int(k) for k in keys[j]],
-                         "embedding_sha256": hashlib.sha256(units[j].tobytes()).hexdigest()})
+            rows.append(
+                {
+                    **meta[i],
+                    "lsh_version": lsh.version,
+                    "lsh_keys": [int(k) for k in keys[j]],
+                    "embedding_sha256": hashlib.sha256(units[j].tobytes()).hexdigest(),
+                }
+            )
     if rows:
         write_deltalake(existing, pa.Table.from_pylist(rows, schema=KEYS_SCHEMA), mode="append")
     return len(rows), versions

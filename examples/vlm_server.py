@@ -63,13 +63,34 @@ def build_model(image_tokens: int = 256, seed: int = 0, *, text_layers: int = 8,
 
     if image_tokens not in SIDES:
         raise ValueError(f"image_tokens must be one of {sorted(SIDES)}")
-    vision = CLIPVisionConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                              image_size=SIDES[image_tokens], patch_size=14)
-    text = LlamaConfig(hidden_size=width, intermediate_size=width * 3, num_hidden_layers=text_layers,
-                       num_attention_heads=8, num_key_value_heads=4, vocab_size=VOCAB, max_position_embeddings=2048,
-                       bos_token_id=BOS, pad_token_id=PAD, eos_token_id=None)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE, image_seq_length=image_tokens,
-                         vision_feature_layer=-2, vision_feature_select_strategy="default")
+    vision = CLIPVisionConfig(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        image_size=SIDES[image_tokens],
+        patch_size=14,
+    )
+    text = LlamaConfig(
+        hidden_size=width,
+        intermediate_size=width * 3,
+        num_hidden_layers=text_layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=2048,
+        bos_token_id=BOS,
+        pad_token_id=PAD,
+        eos_token_id=None,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=IMAGE,
+        image_seq_length=image_tokens,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()
     model.name_or_path = f"llava-tiny-{image_tokens}-seed{seed}"
@@ -133,16 +154,30 @@ class Answer:
     first_logits: torch.Tensor
 
     def as_json(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "text": decode_text(self.tokens), "cache_hit": self.hit,
-                "similarity": self.similarity, "reason": self.reason, "ttft_ms": round(self.ttft_s * 1000, 2),
-                "total_ms": round(self.total_s * 1000, 2)}
+        return {
+            "tokens": self.tokens,
+            "text": decode_text(self.tokens),
+            "cache_hit": self.hit,
+            "similarity": self.similarity,
+            "reason": self.reason,
+            "ttft_ms": round(self.ttft_s * 1000, 2),
+            "total_ms": round(self.total_s * 1000, 2),
+        }
 
 
 class VisionLanguageServer:
     """Answers an image and a prompt, the prefix KV reused from ``store`` (a SafeCache or a client)."""
 
-    def __init__(self, model: Any, store: Any, embedder: Any, *, tenant: str | None = None,
-                 system_prompt: str = SYSTEM_PROMPT, use_cache: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        store: Any,
+        embedder: Any,
+        *,
+        tenant: str | None = None,
+        system_prompt: str = SYSTEM_PROMPT,
+        use_cache: bool = True,
+    ) -> None:
         self.model, self.store, self.embed, self.tenant = model, store, embedder, tenant
         self.model_id = model_id(model)
         self.image_tokens = int(model.config.image_seq_length)
@@ -158,25 +193,37 @@ class VisionLanguageServer:
         prompt_ids = self.prompt_ids(prompt)
         room = int(self.model.config.text_config.max_position_embeddings) - self.prefix_ids.shape[1] - max_new_tokens
         if prompt_ids.shape[1] > room:
-            raise ValueError(f"the prompt is {prompt_ids.shape[1]} tokens; at most {room} fit after the image prefix "
-                             f"and {max_new_tokens} new tokens")
+            raise ValueError(
+                f"the prompt is {prompt_ids.shape[1]} tokens; at most {room} fit after the image prefix "
+                f"and {max_new_tokens} new tokens"
+            )
         with self._lock:
             started = time.perf_counter()
             embedding = self.embed(image_bytes)
             inputs = {"input_ids": self.prefix_ids, "pixel_values": pixel_values(image_bytes, self.side)}
             if self.use_cache:
-                reused = reuse_prefix(self.model, inputs, embedding, self.store, model_id=self.model_id,
-                                      tenant=self.tenant, store_on_miss=False)
+                reused = reuse_prefix(
+                    self.model,
+                    inputs,
+                    embedding,
+                    self.store,
+                    model_id=self.model_id,
+                    tenant=self.tenant,
+                    store_on_miss=False,
+                )
                 cache, hit, similarity, reason = reused.cache, reused.hit, reused.similarity, reused.reason
             else:
                 cache, hit, similarity, reason = compute_prefix(self.model, inputs), False, None, "no cache"
             prefix_kv = None if hit or not self.use_cache else to_tensors(cache)  # before the cache grows
             first_at: list[float] = []
-            tokens, first = greedy(self.model, cache, prompt_ids, max_new_tokens,
-                                   on_first=lambda: first_at.append(time.perf_counter()))
+            tokens, first = greedy(
+                self.model, cache, prompt_ids, max_new_tokens, on_first=lambda: first_at.append(time.perf_counter())
+            )
             ttft = first_at[0] - started
             if prefix_kv is not None:  # a miss: the KV is stored after the answer, off the first token's path
-                store_prefix(self.store, prefix_kv, self.prefix_ids, embedding, model_id=self.model_id, tenant=self.tenant)
+                store_prefix(
+                    self.store, prefix_kv, self.prefix_ids, embedding, model_id=self.model_id, tenant=self.tenant
+                )
             return Answer(tokens, hit, similarity, reason, ttft, time.perf_counter() - started, first)
 
 
@@ -195,7 +242,7 @@ def make_handler(server: VisionLanguageServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             if self.path != "/v1/generate":
                 self._reply(404, {"error": f"no route {self.path}"})
                 return
@@ -253,8 +300,12 @@ class CacheServer:
         with open(tokens, "w") as handle:
             json.dump({token: tenant}, handle)
         exe = shutil.which("mmlake", path=os.path.dirname(sys.executable)) or "mmlake"
-        self.process = subprocess.Popen([exe, "cache", "serve", "--port", str(self.port), "--tokens", tokens],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [exe, "cache", "serve", "--port", str(self.port), "--tokens", tokens],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     @property
     def url(self) -> str:
@@ -278,14 +329,26 @@ def demo_images() -> dict[str, bytes]:
 
     rng = np.random.default_rng(3)
     first, second = scene(rng), scene(rng)
-    return {"image A": png_bytes(first), "image A, cropped": png_bytes(augment(first, 1, rng)),
-            "image A, JPEG q75": png_bytes(augment(first, 0, rng)), "image B": png_bytes(second)}
+    return {
+        "image A": png_bytes(first),
+        "image A, cropped": png_bytes(augment(first, 1, rng)),
+        "image A, JPEG q75": png_bytes(augment(first, 0, rng)),
+        "image B": png_bytes(second),
+    }
 
 
-def run_requests(url: str, prompt: str = "What is in the picture?", max_new_tokens: int = 8) -> list[tuple[str, dict[str, Any]]]:
+def run_requests(
+    url: str, prompt: str = "What is in the picture?", max_new_tokens: int = 8
+) -> list[tuple[str, dict[str, Any]]]:
     images = demo_images()
-    plan = [("image A", "image A"), ("image A again", "image A"), ("image A, cropped", "image A, cropped"),
-            ("image A, JPEG q75", "image A, JPEG q75"), ("image B", "image B"), ("image B again", "image B")]
+    plan = [
+        ("image A", "image A"),
+        ("image A again", "image A"),
+        ("image A, cropped", "image A, cropped"),
+        ("image A, JPEG q75", "image A, JPEG q75"),
+        ("image B", "image B"),
+        ("image B again", "image B"),
+    ]
     return [(label, post(url, images[key], prompt, max_new_tokens)) for label, key in plan]
 
 
@@ -311,17 +374,24 @@ def main(argv: list[str] | None = None) -> int:
             server = VisionLanguageServer(model, client, embedder)
             http = serve(server, args.port)
             endpoint = f"http://127.0.0.1:{http.server_address[1]}"
-            print(f"{model.name_or_path}: transformers LlavaForConditionalGeneration, SEEDED weights (untrained: "
-                  "the text is noise; the architecture, the engine and the timings are real)")
-            print(f"cache keys: {embedder.name} embeddings ({'trained' if embedder.trained else 'UNTRAINED'}); "
-                  f"KV from {url}; serving {endpoint}/v1/generate; prefix {server.prefix_ids.shape[1]} tokens "
-                  f"({server.image_tokens} image tokens)")
+            print(
+                f"{model.name_or_path}: transformers LlavaForConditionalGeneration, SEEDED weights (untrained: "
+                "the text is noise; the architecture, the engine and the timings are real)"
+            )
+            print(
+                f"cache keys: {embedder.name} embeddings ({'trained' if embedder.trained else 'UNTRAINED'}); "
+                f"KV from {url}; serving {endpoint}/v1/generate; prefix {server.prefix_ids.shape[1]} tokens "
+                f"({server.image_tokens} image tokens)"
+            )
             server.use_cache = False  # a warm-up request: first-call costs out of the figures, nothing stored
             post(endpoint, demo_images()["image B"], "warm-up", 1)
             server.use_cache = True
             for label, reply in run_requests(endpoint):
-                state = (f"hit at similarity {reply['similarity']:.4f}" if reply["cache_hit"]
-                         else f"miss ({reply['reason']})")
+                state = (
+                    f"hit at similarity {reply['similarity']:.4f}"
+                    if reply["cache_hit"]
+                    else f"miss ({reply['reason']})"
+                )
                 print(f"  {label:20} time to first token {reply['ttft_ms']:8.1f} ms  {state}")
             if args.serve:
                 print("serving; Ctrl-C stops")
@@ -333,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         if local is not None:
             local.__exit__(None, None, None)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

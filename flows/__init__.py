@@ -7,5 +7,16 @@ Importing this package does not import Prefect; import a flow's module for the f
 from __future__ import annotations
 
 #: The modules: the flows, the CLI, the schedules, and what several of them share.
-__all__ = ["backfill", "cache", "cli", "demo", "deployments", "drift", "ingest", "pipeline", "preprocess", "retry",
-           "stages"]
+__all__ = [
+    "backfill",
+    "cache",
+    "cli",
+    "demo",
+    "deployments",
+    "drift",
+    "ingest",
+    "pipeline",
+    "preprocess",
+    "retry",
+    "stages",
+]

@@ -77,11 +77,15 @@ class BackfillResult:
         plan = self.plan
         if "preprocess" in self.stages:
             if self.days and self.skipped_days == len(self.days):
-                out.append(f"{self.stream}: {plan.start}..{plan.end} is already up to date ({self.skipped_days} days "
-                           "checked, nothing rewritten)")
+                out.append(
+                    f"{self.stream}: {plan.start}..{plan.end} is already up to date ({self.skipped_days} days "
+                    "checked, nothing rewritten)"
+                )
             else:
-                out.append(f"{self.stream}: {self.rows} feature rows rewritten over {len(self.days)} day(s) "
-                           f"({self.skipped_days} already up to date)")
+                out.append(
+                    f"{self.stream}: {self.rows} feature rows rewritten over {len(self.days)} day(s) "
+                    f"({self.skipped_days} already up to date)"
+                )
         if self.drift is not None:
             out.append(self.drift.line())
         elif self.drift_skipped is not None:
@@ -89,9 +93,14 @@ class BackfillResult:
         return out
 
     def markdown(self) -> str:
-        lines = [f"### Backfill of `{self.stream}` {self.plan.start}..{self.plan.end}", "",
-                 f"stages: {', '.join(self.stages)}; {self.rows} feature rows rewritten", "",
-                 "| day | rows rewritten | up to date |", "|---|---|---|"]
+        lines = [
+            f"### Backfill of `{self.stream}` {self.plan.start}..{self.plan.end}",
+            "",
+            f"stages: {', '.join(self.stages)}; {self.rows} feature rows rewritten",
+            "",
+            "| day | rows rewritten | up to date |",
+            "|---|---|---|",
+        ]
         lines += [f"| {d.start}..{d.end} | {d.rows} | {'yes' if d.up_to_date else 'no'} |" for d in self.days]
         if self.drift_status:
             lines += ["", f"drift: {self.drift_status}"]
@@ -107,9 +116,14 @@ def _run_name() -> str:
 
 
 @flow(name="backfill", flow_run_name=_run_name, log_prints=False)
-def backfill(stream: str, plan: BackfillPlan, lake: LakeSettings | None = None,
-             settings: PreprocessSettings | None = None, reference: ReferenceRange | None = None,
-             progress: Any = None) -> BackfillResult:
+def backfill(
+    stream: str,
+    plan: BackfillPlan,
+    lake: LakeSettings | None = None,
+    settings: PreprocessSettings | None = None,
+    reference: ReferenceRange | None = None,
+    progress: Any = None,
+) -> BackfillResult:
     """Re-run the plan's range of ``stream`` through its stages (see the module docstring). In-process
     runs may pass ``progress``, called with (raw rows done, raw rows in the range). ``reference`` moves
     the drift reference as the rescoring starts over (the drift stage then runs even when no feature
@@ -134,22 +148,39 @@ def backfill(stream: str, plan: BackfillPlan, lake: LakeSettings | None = None,
                     if progress is not None:
                         progress(base + done, max(grand, base + total))
 
-                day = backfill_features(stream=stream, plan=plan.day(format_us(d0), format_us(d1)), lake=lake,
-                                        settings=settings, progress=relay)
+                day = backfill_features(
+                    stream=stream,
+                    plan=plan.day(format_us(d0), format_us(d1)),
+                    lake=lake,
+                    settings=settings,
+                    progress=relay,
+                )
                 done_before += seen[0]
-                result.days.append(BackfillDay(format_us(d0), format_us(d1), day.rows,
-                                               bool(day.skipped_ranges and not day.rows)))
+                result.days.append(
+                    BackfillDay(format_us(d0), format_us(d1), day.rows, bool(day.skipped_ranges and not day.rows))
+                )
         if "drift" in result.stages:
             rewritten = result.rows if "preprocess" in result.stages else None
             result.drift_skipped = drift_left_alone(tables.exists("drift"), rewritten, reference.moves)
             if result.drift_skipped is None:
                 # Rescored with the settings the drift table was scored with (a backfill changes data,
                 # not how drift is measured), from the reference it was fitted on unless given another.
-                result.drift = drift_stream(stream=stream, lake=lake, rebuild=True, keep_settings=True,
-                                            reference=reference)
+                result.drift = drift_stream(
+                    stream=stream, lake=lake, rebuild=True, keep_settings=True, reference=reference
+                )
         run.complete(outputs=table_outputs(tables, ("features", "drift"), existing_only=True))
-    logger.info("backfill %s %s..%s: %d rows rewritten over %d day(s), %d up to date", stream, plan.start,
-                plan.end, result.rows, len(result.days), result.skipped_days)
-    create_markdown_artifact(key=f"backfill-{stream}".lower().replace("_", "-"), markdown=result.markdown(),
-                             description=f"backfill {stream} {plan.start}..{plan.end}")
+    logger.info(
+        "backfill %s %s..%s: %d rows rewritten over %d day(s), %d up to date",
+        stream,
+        plan.start,
+        plan.end,
+        result.rows,
+        len(result.days),
+        result.skipped_days,
+    )
+    create_markdown_artifact(
+        key=f"backfill-{stream}".lower().replace("_", "-"),
+        markdown=result.markdown(),
+        description=f"backfill {stream} {plan.start}..{plan.end}",
+    )
     return result

@@ -21,8 +21,9 @@ class WarmupResult:
 
 
 @flow(name="cache-warmup")
-def cache_warmup(stream: str, lake: LakeSettings | None = None, cache_url: str | None = None,
-                 token: str | None = None) -> WarmupResult:
+def cache_warmup(
+    stream: str, lake: LakeSettings | None = None, cache_url: str | None = None, token: str | None = None
+) -> WarmupResult:
     """Key the stream's new feature rows; when the drift table raised an alarm since the last run,
     drop the cache entries stored from this stream (on the server at ``cache_url``, with ``token``)."""
     from prefect.runtime import flow_run
@@ -36,9 +37,11 @@ def cache_warmup(stream: str, lake: LakeSettings | None = None, cache_url: str |
     settings = lake or LakeSettings()
     options = dict(settings.storage_options)
     tables = settings.tables(stream)
-    with LineageEmitter.for_lake(settings).run(f"cache-warmup.{stream}", str(flow_run.id),
-                                       inputs=lambda: table_inputs(tables, ("features", "drift"),
-                                                                   existing_only=True)) as run:
+    with LineageEmitter.for_lake(settings).run(
+        f"cache-warmup.{stream}",
+        str(flow_run.id),
+        inputs=lambda: table_inputs(tables, ("features", "drift"), existing_only=True),
+    ) as run:
         keyed, versions = precompute_keys(settings.lake, stream, CacheSettings(), storage_options=options)
         if not versions:
             logger.info("stream %s has no features table yet: nothing to key", stream)

@@ -53,7 +53,6 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     from mmlake.ingest import EmbeddedBroker, IngestSettings, MultimodalProducer, ensure_topic, synth
     from mmlake.ingest.tables import dead_letter_reasons, outcome_counts
     from mmlake.lake import table_uri
-
     from mmlake.lineage import default_events_path
 
     # The lineage log is the lake's, shared with its other streams and kept across runs: count this run's.
@@ -69,23 +68,34 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
         print(f"embedded broker up at {broker.bootstrap}")
         topic = "demo"
         ensure_topic(broker.bootstrap, topic, partitions=3)
-        parts = list(synth.samples(samples, start_ms=START_MS, span_ms=SPAN_MS, seed=7,
-                                   shuffle_pairs_after=shuffle_at))
+        parts = list(synth.samples(samples, start_ms=START_MS, span_ms=SPAN_MS, seed=7, shuffle_pairs_after=shuffle_at))
         total = len(parts) + 3 + 3 + len(_MALFORMED)
         sent = 0
         with MultimodalProducer(broker.bootstrap) as producer:
             for part in parts:
-                producer.send(topic, part.payload, part.modality, event_time=part.event_time_ms,
-                              sample_id=part.sample_id, content_type=part.content_type)
+                producer.send(
+                    topic,
+                    part.payload,
+                    part.modality,
+                    event_time=part.event_time_ms,
+                    sample_id=part.sample_id,
+                    content_type=part.content_type,
+                )
                 sent += 1
                 if sent % 50 == 0:
                     _progress("produce", sent, total)
             for part in parts[-3:]:  # re-sent: duplicates
-                producer.send(topic, part.payload, part.modality, event_time=part.event_time_ms,
-                              sample_id=part.sample_id)
+                producer.send(
+                    topic, part.payload, part.modality, event_time=part.event_time_ms, sample_id=part.sample_id
+                )
             for i in range(3):  # an hour behind the stream: late
-                producer.send(topic, f"a late caption {i}".encode(), "text",
-                              event_time=START_MS + SPAN_MS - 3600_000 - i, sample_id=f"late-{i}")
+                producer.send(
+                    topic,
+                    f"a late caption {i}".encode(),
+                    "text",
+                    event_time=START_MS + SPAN_MS - 3600_000 - i,
+                    sample_id=f"late-{i}",
+                )
             for i, (_, value, headers) in enumerate(_MALFORMED):
                 producer.send_raw(topic, value, headers, key=f"bad-{i}".encode())
             sent = total
@@ -101,39 +111,55 @@ def run_demo(lake: str = "./lake", samples: int = 1600, stream: str = "demo") ->
     reasons = dead_letter_reasons(tables)
     print()
     print(f"mmlake demo: {sent} records produced ({samples} samples), ingested in {seconds:.1f}s")
-    print(f"  accepted={first.accepted} late={first.late} duplicates={first.duplicates} "
-          f"dead_lettered={first.dead_lettered} watermark={first.watermark}")
+    print(
+        f"  accepted={first.accepted} late={first.late} duplicates={first.duplicates} "
+        f"dead_lettered={first.dead_lettered} watermark={first.watermark}"
+    )
     print(f"  dead-letter reasons: {', '.join(reasons)}")
-    print(f"  second run (exactly-once check): accepted={second.accepted} late={second.late} "
-          f"dead_lettered={second.dead_lettered}")
+    print(
+        f"  second run (exactly-once check): accepted={second.accepted} late={second.late} "
+        f"dead_lettered={second.dead_lettered}"
+    )
     from mmlake.flows.preprocess import backfill_features, preprocess_stream
     from mmlake.flows.stages import BackfillPlan
 
     t0 = time.monotonic()
-    features = preprocess_stream(stream=stream, lake=settings, progress=lambda done, total: _progress(
-        "features", done, total or rows["raw"])).summary
+    features = preprocess_stream(
+        stream=stream, lake=settings, progress=lambda done, total: _progress("features", done, total or rows["raw"])
+    ).summary
     print(f"  features ({time.monotonic() - t0:.1f}s, including generating the encoders on first use):")
     print(f"    {features.line()}")
     hour = ("2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z")
     plan = BackfillPlan(start=hour[0], end=hour[1], stages="preprocess")
-    forced = backfill_features(stream=stream, plan=plan.model_copy(update={"force": True}), lake=settings,
-                               progress=lambda done, total: _progress("backfill", done, total))
+    forced = backfill_features(
+        stream=stream,
+        plan=plan.model_copy(update={"force": True}),
+        lake=settings,
+        progress=lambda done, total: _progress("backfill", done, total),
+    )
     rerun = backfill_features(stream=stream, plan=plan, lake=settings)
-    print(f"  backfill {hour[0]}..{hour[1]}: {forced.rows} rows recomputed; rerun rewrote {rerun.rows} "
-          f"({rerun.skipped_ranges} day(s) already up to date)")
+    print(
+        f"  backfill {hour[0]}..{hour[1]}: {forced.rows} rows recomputed; rerun rewrote {rerun.rows} "
+        f"({rerun.skipped_ranges} day(s) already up to date)"
+    )
     drift = _drift(settings, stream, samples, shuffle_at)
     # What each image shows, from its caption: only captions before the pairing shuffle tell the truth.
-    captions = {p.sample_id: p.payload.decode() for p in parts
-                if p.modality == "text" and int(p.sample_id.rsplit("-", 1)[1]) < shuffle_at}
+    captions = {
+        p.sample_id: p.payload.decode()
+        for p in parts
+        if p.modality == "text" and int(p.sample_id.rsplit("-", 1)[1]) < shuffle_at
+    }
     cache = _cache(settings, stream, captions, alarm=drift["raised"])
 
     events = _lines(events_path) - events_before
     summary = [
-        ("raw / late / dlq rows", f"{rows['raw']} / {rows['late']} / {rows['dlq']}   ({Path(table_uri(lake, stream, 'raw')).parent})"),
+        (
+            "raw / late / dlq rows",
+            f"{rows['raw']} / {rows['late']} / {rows['dlq']}   ({Path(table_uri(lake, stream, 'raw')).parent})",
+        ),
         ("duplicates / dead-lettered", f"{first.duplicates} / {first.dead_lettered} ({', '.join(reasons)})"),
         ("second ingest run", f"{second.accepted} new rows (exactly once)"),
-        ("features", f"{features.rows} rows, {features.errors} errors"
-                     + _untrained(features.operators)),
+        ("features", f"{features.rows} rows, {features.errors} errors" + _untrained(features.operators)),
         ("backfill rerun", f"{rerun.rows} rows rewritten ({rerun.skipped_ranges} day(s) up to date)"),
         ("drift alarms", drift["alarms"]),
         ("cache", cache["line"]),
@@ -176,19 +202,27 @@ def _drift(lake: LakeSettings, stream: str, samples: int, shuffle_at: int) -> di
     t0 = time.monotonic()
     result = drift_stream(stream=stream, lake=lake)
     which = "the defaults" if not defaults.model_fields_set else "from MMLAKE_DRIFT_*"
-    print(f"  drift (reference {defaults.reference} samples, windows of {defaults.window} every {defaults.step}: "
-          f"{which}; {time.monotonic() - t0:.1f}s):")
+    print(
+        f"  drift (reference {defaults.reference} samples, windows of {defaults.window} every {defaults.step}: "
+        f"{which}; {time.monotonic() - t0:.1f}s):"
+    )
     print(f"    {result.line()}")
     raised = result.summary.alarms_raised
     shuffle_us = START_MS * 1000 + shuffle_at * SPAN_MS * 1000 // samples
     first: dict[str, dict[str, Any]] = {}
     for a in raised:
         first.setdefault(a["metric"], a)
+
     def hms(us: int) -> str:
         return format_us(us)[11:19]
 
-    alarms = "; ".join(f"{m} (window {hms(a['window_start'])}-{hms(a['window_end'])})"
-                       for m, a in sorted(first.items(), key=lambda kv: kv[1]["window_end"])) or "none"
+    alarms = (
+        "; ".join(
+            f"{m} (window {hms(a['window_start'])}-{hms(a['window_end'])})"
+            for m, a in sorted(first.items(), key=lambda kv: kv[1]["window_end"])
+        )
+        or "none"
+    )
     alarms += f"   [captions shuffled from {hms(shuffle_us)} on]"
     # The first window ends one window after the reference; a stream too short to score a window past
     # the shuffle cannot be asked to alarm on it.
@@ -225,13 +259,17 @@ def _cache(lake: LakeSettings, stream: str, captions: dict[str, str], *, alarm: 
     stored_kinds = {shows[i] for i in stored_at}
     later = range(max(stored_at) + 1, len(ids))
     other_shape = [rows[i] for i in later if len(shows[i]) == 2 and shows[i][1] == "stripe"][:4]
-    other_colour = [rows[i] for i in later if len(shows[i]) == 2 and shows[i][1] != "stripe"
-                    and shows[i] not in stored_kinds][:2]
+    other_colour = [
+        rows[i] for i in later if len(shows[i]) == 2 and shows[i][1] != "stripe" and shows[i] not in stored_kinds
+    ][:2]
     embeddings = rows[stored_at]
     token, model = "demo-token", "demo-vlm"
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(SafeCache(CacheSettings()), {token: "demo"}),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(SafeCache(CacheSettings()), {token: "demo"}), host="127.0.0.1", port=port, log_level="warning"
+        )
+    )
     thread = threading.Thread(target=server.run, name="safecache", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -243,20 +281,32 @@ def _cache(lake: LakeSettings, stream: str, captions: dict[str, str], *, alarm: 
     threshold = CacheSettings().min_similarity
     try:
         with SafeCacheClient(url, token) as client:
-            stored = {client.put(model, e, {"layer0.k": torch.randn(1, 4, 16, 32, generator=gen),
-                                            "layer0.v": torch.randn(1, 4, 16, 32, generator=gen)},
-                                 source=stream)["id"] for e in embeddings[:12]}
+            stored = {
+                client.put(
+                    model,
+                    e,
+                    {
+                        "layer0.k": torch.randn(1, 4, 16, 32, generator=gen),
+                        "layer0.v": torch.randn(1, 4, 16, 32, generator=gen),
+                    },
+                    source=stream,
+                )["id"]
+                for e in embeddings[:12]
+            }
             queries = [("exact", e) for e in embeddings[:4]]
             queries += [("perturbed", at_cosine(e, 0.99, rng)) for e in embeddings[4:8]]
             queries += [("other shape", e) for e in other_shape]
             queries += [("other colour", e) for e in other_colour]
-            queries += [("random", np.asarray(rng.standard_normal(embeddings.shape[1]), dtype=np.float32))
-                        for _ in range(2)]
+            queries += [
+                ("random", np.asarray(rng.standard_normal(embeddings.shape[1]), dtype=np.float32)) for _ in range(2)
+            ]
             results = [(kind, client.lookup(model, q)) for kind, q in queries]
             hits = [(k, r.similarity) for k, r in results if isinstance(r, Hit)]
             misses = [(k, r.best_similarity) for k, r in results if not isinstance(r, Hit)]
-            print(f"  cache: {len(stored)} KV entries stored under image embeddings; "
-                  f"{len(queries)} lookups at the server's threshold {threshold}:")
+            print(
+                f"  cache: {len(stored)} KV entries stored under image embeddings; "
+                f"{len(queries)} lookups at the server's threshold {threshold}:"
+            )
             for kind, r in results:
                 if isinstance(r, Hit):
                     what = f"hit, similarity {r.similarity:.4f}"
@@ -265,25 +315,39 @@ def _cache(lake: LakeSettings, stream: str, captions: dict[str, str], *, alarm: 
                 else:
                     what = f"miss, best similarity {r.best_similarity:.4f}"
                 print(f"    {kind:<12} {what}")
-            print("    (stored: squares and circles; other shape: stripes, which no stored image shows; other colour: "
-                  "a stored shape in a colour\n     it was not stored in. The ImageNet encoder tells shapes apart and "
-                  "barely sees hue, so a hit there reuses the KV of the same shape in another colour)")
+            print(
+                "    (stored: squares and circles; other shape: stripes, which no stored image shows; other colour: "
+                "a stored shape in a colour\n     it was not stored in. The ImageNet encoder tells shapes apart and "
+                "barely sees hue, so a hit there reuses the KV of the same shape in another colour)"
+            )
             warm = cache_warmup(stream=stream, lake=lake, cache_url=url, token=token)
             after = client.lookup(model, embeddings[0])
     finally:
         server.should_exit = True
         thread.join(10)
-    print(f"  cache warm-up: {warm.keyed} feature rows keyed; drift alarm seen: {warm.drift_alarm}; "
-          f"{warm.invalidated} entries of {stream} invalidated; the first lookup again: "
-          f"{'hit' if isinstance(after, Hit) else 'miss'}")
+    print(
+        f"  cache warm-up: {warm.keyed} feature rows keyed; drift alarm seen: {warm.drift_alarm}; "
+        f"{warm.invalidated} entries of {stream} invalidated; the first lookup again: "
+        f"{'hit' if isinstance(after, Hit) else 'miss'}"
+    )
     sims = [s for _, s in hits]
-    line = (f"{len(hits)} hits (similarity {min(sims):.4f}..{max(sims):.4f}), {len(misses)} misses "
-            f"of {len(queries)} lookups" if sims else f"0 hits, {len(misses)} misses")
-    ok = (all(isinstance(r, Hit) for k, r in results if k in ("exact", "perturbed"))
-          and not any(isinstance(r, Hit) for k, r in results if k in ("random", "other shape")))
+    line = (
+        f"{len(hits)} hits (similarity {min(sims):.4f}..{max(sims):.4f}), {len(misses)} misses "
+        f"of {len(queries)} lookups"
+        if sims
+        else f"0 hits, {len(misses)} misses"
+    )
+    ok = all(isinstance(r, Hit) for k, r in results if k in ("exact", "perturbed")) and not any(
+        isinstance(r, Hit) for k, r in results if k in ("random", "other shape")
+    )
     if alarm:  # the warm-up must see the drift alarm and drop every entry of the stream
         ok = ok and warm.drift_alarm and warm.invalidated == len(stored) and not isinstance(after, Hit)
     else:
         ok = ok and not warm.drift_alarm and warm.invalidated == 0 and isinstance(after, Hit)
-    return {"ok": ok, "line": line, "after": f"{warm.invalidated} entries invalidated; a repeated lookup misses"
-            if not isinstance(after, Hit) else "entries still served (no drift alarm)"}
+    return {
+        "ok": ok,
+        "line": line,
+        "after": f"{warm.invalidated} entries invalidated; a repeated lookup misses"
+        if not isinstance(after, Hit)
+        else "entries still served (no drift alarm)",
+    }

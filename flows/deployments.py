@@ -31,10 +31,14 @@ def ingest_deployment(
     """
     from mmlake.flows.ingest import ingest_stream
 
-    return _scheduled(ingest_stream, f"ingest-{stream}", interval_s,
-                      {"topic": topic, "stream": stream, "settings": _given(lake=lake, kafka_bootstrap=bootstrap)},
-                      "ingest",
-                      f"Kafka topic {topic} -> Delta stream {stream}, every {interval_s}s (available-now runs).")
+    return _scheduled(
+        ingest_stream,
+        f"ingest-{stream}",
+        interval_s,
+        {"topic": topic, "stream": stream, "settings": _given(lake=lake, kafka_bootstrap=bootstrap)},
+        "ingest",
+        f"Kafka topic {topic} -> Delta stream {stream}, every {interval_s}s (available-now runs).",
+    )
 
 
 def _given(**fields: Any) -> dict[str, Any]:
@@ -43,8 +47,7 @@ def _given(**fields: Any) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
-def _scheduled(flow: Any, name: str, interval_s: int, parameters: dict[str, Any], tag: str,
-               description: str) -> Any:
+def _scheduled(flow: Any, name: str, interval_s: int, parameters: dict[str, Any], tag: str, description: str) -> Any:
     """``flow`` as a deployment every ``interval_s`` seconds, one run at a time (``concurrency_limit=1``,
     ENQUEUE: a later run waits, a slow run is never doubled). The entrypoint is the flow's module path
     in the installed package (``mmlake.flows.ingest.ingest_stream``), so a worker needs the package
@@ -63,47 +66,94 @@ def _scheduled(flow: Any, name: str, interval_s: int, parameters: dict[str, Any]
     )
 
 
-def pipeline_deployment(topic: str, stream: str, *, lake: str | None = None, bootstrap: str | None = None,
-                        partitions: list[int] | None = None, stages: str = "ingest,preprocess,drift",
-                        interval_s: int = 60) -> Any:
+def pipeline_deployment(
+    topic: str,
+    stream: str,
+    *,
+    lake: str | None = None,
+    bootstrap: str | None = None,
+    partitions: list[int] | None = None,
+    stages: str = "ingest,preprocess,drift",
+    interval_s: int = 60,
+) -> Any:
     """The stream's pipeline (ingest, then preprocess, then drift) every ``interval_s`` seconds, one run
     at a time (a slow run is never doubled: the next one waits)."""
     from mmlake.flows.pipeline import stream_pipeline
 
     suffix = "" if partitions is None else "-p" + "-".join(str(p) for p in sorted(partitions))
-    return _scheduled(stream_pipeline, f"pipeline-{stream}{suffix}", interval_s,
-                      {"topic": topic, "stream": stream, "settings": _given(lake=lake, kafka_bootstrap=bootstrap),
-                       "partitions": partitions, "stages": stages}, "pipeline",
-                      f"Kafka topic {topic} -> {stream}: {stages}, every {interval_s}s.")
+    return _scheduled(
+        stream_pipeline,
+        f"pipeline-{stream}{suffix}",
+        interval_s,
+        {
+            "topic": topic,
+            "stream": stream,
+            "settings": _given(lake=lake, kafka_bootstrap=bootstrap),
+            "partitions": partitions,
+            "stages": stages,
+        },
+        "pipeline",
+        f"Kafka topic {topic} -> {stream}: {stages}, every {interval_s}s.",
+    )
 
 
-def cache_warmup_deployment(stream: str, *, lake: str | None = None, interval_s: int = 300,
-                            cache_url: str | None = None, token: str | None = None) -> Any:
+def cache_warmup_deployment(
+    stream: str,
+    *,
+    lake: str | None = None,
+    interval_s: int = 300,
+    cache_url: str | None = None,
+    token: str | None = None,
+) -> Any:
     """The cache warm-up of ``stream`` every ``interval_s`` seconds, one run at a time."""
     from mmlake.flows.cache import cache_warmup
 
-    return _scheduled(cache_warmup, f"cache-warmup-{stream}", interval_s,
-                      {"stream": stream, "lake": _given(lake=lake), "cache_url": cache_url, "token": token},
-                      "cache",
-                      f"LSH keys for {stream}'s new features; drop its cache entries on a drift alarm; "
-                      f"every {interval_s}s.")
+    return _scheduled(
+        cache_warmup,
+        f"cache-warmup-{stream}",
+        interval_s,
+        {"stream": stream, "lake": _given(lake=lake), "cache_url": cache_url, "token": token},
+        "cache",
+        f"LSH keys for {stream}'s new features; drop its cache entries on a drift alarm; every {interval_s}s.",
+    )
 
 
-def serve_pipeline(topic: str, stream: str, *, lake: str | None = None, bootstrap: str | None = None,
-                   partitions: list[int] | None = None, stages: str = "ingest,preprocess,drift",
-                   interval_s: int = 60, cache_interval_s: int = 300, cache_url: str | None = None,
-                   token: str | None = None) -> None:
+def serve_pipeline(
+    topic: str,
+    stream: str,
+    *,
+    lake: str | None = None,
+    bootstrap: str | None = None,
+    partitions: list[int] | None = None,
+    stages: str = "ingest,preprocess,drift",
+    interval_s: int = 60,
+    cache_interval_s: int = 300,
+    cache_url: str | None = None,
+    token: str | None = None,
+) -> None:
     """Serve every flow of the stream in this process until interrupted: the pipeline (ingest, then
     preprocess, then drift) every ``interval_s`` and the cache warm-up every ``cache_interval_s``
     (0: not served). Needs a Prefect server with its scheduler, as :func:`serve_ingest`."""
     with local_prefect_server():  # before the deployments are built: building one may talk to the API
         from prefect import serve
 
-        deployments = [pipeline_deployment(topic, stream, lake=lake, bootstrap=bootstrap, partitions=partitions,
-                                           stages=stages, interval_s=interval_s)]
+        deployments = [
+            pipeline_deployment(
+                topic,
+                stream,
+                lake=lake,
+                bootstrap=bootstrap,
+                partitions=partitions,
+                stages=stages,
+                interval_s=interval_s,
+            )
+        ]
         if cache_interval_s:
-            deployments.append(cache_warmup_deployment(stream, lake=lake, interval_s=cache_interval_s,
-                                                       cache_url=cache_url, token=token))
+            deployments.append(
+                cache_warmup_deployment(
+                    stream, lake=lake, interval_s=cache_interval_s, cache_url=cache_url, token=token
+                )
+            )
         serve(*deployments)
 
 
@@ -134,7 +184,10 @@ def local_prefect_server(timeout_s: float = 120.0) -> Iterator[str | None]:
     env.setdefault("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "5")
     server = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}/api"
     try:

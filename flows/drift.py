@@ -29,22 +29,42 @@ def _features_input(tables: StreamTables, summary: DriftSummary | None) -> Any:
 
 
 @task(name="score-drift-windows", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=commit_is_transient)
-def drift_task(stream: str, lake: LakeSettings, settings: DriftSettings, rebuild: bool,
-               max_samples: int | None, keep_settings: bool = False,
-               reference: ReferenceRange | None = None) -> DriftSummary:
+def drift_task(
+    stream: str,
+    lake: LakeSettings,
+    settings: DriftSettings,
+    rebuild: bool,
+    max_samples: int | None,
+    keep_settings: bool = False,
+    reference: ReferenceRange | None = None,
+) -> DriftSummary:
     reference = reference or ReferenceRange()
-    summary = run_drift(lake.lake, stream, settings, storage_options=dict(lake.storage_options),
-                        preprocess=PreprocessSettings(), rebuild=rebuild, max_samples=max_samples,
-                        keep_settings=keep_settings, reference_range=reference.bounds_us(),
-                        reference_first=reference.first)
+    summary = run_drift(
+        lake.lake,
+        stream,
+        settings,
+        storage_options=dict(lake.storage_options),
+        preprocess=PreprocessSettings(),
+        rebuild=rebuild,
+        max_samples=max_samples,
+        keep_settings=keep_settings,
+        reference_range=reference.bounds_us(),
+        reference_first=reference.first,
+    )
     get_run_logger().info(summary.line())
     return summary
 
 
 @flow(name="drift-stream", log_prints=False)
-def drift_stream(stream: str, lake: LakeSettings | None = None, settings: DriftSettings | None = None,
-                 rebuild: bool = False, max_samples: int | None = None, keep_settings: bool = False,
-                 reference: ReferenceRange | None = None) -> DriftResult:
+def drift_stream(
+    stream: str,
+    lake: LakeSettings | None = None,
+    settings: DriftSettings | None = None,
+    rebuild: bool = False,
+    max_samples: int | None = None,
+    keep_settings: bool = False,
+    reference: ReferenceRange | None = None,
+) -> DriftResult:
     """Score the windows ``<lake>/<stream>``'s new features complete; ``rebuild`` starts over (every
     window rescored). The reference is the stream's first ``settings.reference`` samples, or the range
     ``reference`` names; a rebuild keeps the one the codebooks were fitted on unless given another
@@ -55,14 +75,17 @@ def drift_stream(stream: str, lake: LakeSettings | None = None, settings: DriftS
     reference = reference or ReferenceRange()
     reference.bounds_us()  # a bad range fails here, in one line, before any lineage event
     tables = lake.tables(stream)
-    with LineageEmitter.for_lake(lake).run(f"drift-stream.{stream}", str(flow_run.id),
-                                           inputs=lambda: [_features_input(tables, None)]) as run:
-        summary = drift_task(stream, lake, settings or DriftSettings(), rebuild, max_samples, keep_settings,
-                             reference)
-        run.complete(inputs=[_features_input(tables, summary)],
-                     outputs=table_outputs(tables, ["drift"], {"drift": summary.rows}),
-                     run_facets=drift_run_facets(summary.window_rows))
+    with LineageEmitter.for_lake(lake).run(
+        f"drift-stream.{stream}", str(flow_run.id), inputs=lambda: [_features_input(tables, None)]
+    ) as run:
+        summary = drift_task(stream, lake, settings or DriftSettings(), rebuild, max_samples, keep_settings, reference)
+        run.complete(
+            inputs=[_features_input(tables, summary)],
+            outputs=table_outputs(tables, ["drift"], {"drift": summary.rows}),
+            run_facets=drift_run_facets(summary.window_rows),
+        )
     shown = report(tables, summary)
-    create_markdown_artifact(key=f"drift-{stream}".lower().replace("_", "-"), markdown=shown.markdown,
-                             description=summary.line())
+    create_markdown_artifact(
+        key=f"drift-{stream}".lower().replace("_", "-"), markdown=shown.markdown, description=summary.line()
+    )
     return DriftResult.of(summary, shown)

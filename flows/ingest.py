@@ -40,12 +40,28 @@ def ingest_task(
     logger = get_run_logger()
     job = f"{lineage_parent[0]}.ingest-micro-batches" if lineage_parent else f"ingest-stream.{stream}.task"
     inputs = [kafka_input(settings.kafka_bootstrap, topic)]
-    with LineageEmitter.for_lake(settings).run(job, str(task_run.id), job_type="TASK", parent=lineage_parent,
-                                           processing="STREAMING" if follow else "BATCH", inputs=inputs) as run:
-        summary = run_ingest(topic, stream, settings, partitions=partitions, follow=follow,
-                             max_records=max_records, stop=cancel, on_batch=lambda s: logger.info(s.line()))
-        run.complete(inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
-                     outputs=stream_outputs(settings, stream, summary))
+    with LineageEmitter.for_lake(settings).run(
+        job,
+        str(task_run.id),
+        job_type="TASK",
+        parent=lineage_parent,
+        processing="STREAMING" if follow else "BATCH",
+        inputs=inputs,
+    ) as run:
+        summary = run_ingest(
+            topic,
+            stream,
+            settings,
+            partitions=partitions,
+            follow=follow,
+            max_records=max_records,
+            stop=cancel,
+            on_batch=lambda s: logger.info(s.line()),
+        )
+        run.complete(
+            inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
+            outputs=stream_outputs(settings, stream, summary),
+        )
     return summary
 
 
@@ -78,12 +94,14 @@ def ingest_stream(
     settings = settings or IngestSettings()
     job = f"ingest-stream.{stream}"
     inputs = [kafka_input(settings.kafka_bootstrap, topic)]
-    with LineageEmitter.for_lake(settings).run(job, str(flow_run.id), processing="STREAMING" if follow else "BATCH",
-                                           inputs=inputs) as run:
-        summary = ingest_task(topic, stream, settings, partitions, follow, max_records, (job, str(flow_run.id)),
-                              cancel)
-        run.complete(inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
-                     outputs=stream_outputs(settings, stream, summary))
+    with LineageEmitter.for_lake(settings).run(
+        job, str(flow_run.id), processing="STREAMING" if follow else "BATCH", inputs=inputs
+    ) as run:
+        summary = ingest_task(topic, stream, settings, partitions, follow, max_records, (job, str(flow_run.id)), cancel)
+        run.complete(
+            inputs=[kafka_input(settings.kafka_bootstrap, topic, summary)],
+            outputs=stream_outputs(settings, stream, summary),
+        )
     create_markdown_artifact(
         key=f"ingest-{stream}".lower().replace("_", "-"),
         markdown=_summary_markdown(summary),

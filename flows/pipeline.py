@@ -30,8 +30,13 @@ class PipelineResult:
 
 
 @flow(name="stream-pipeline", flow_run_name="pipeline {stream}", log_prints=False)
-def stream_pipeline(topic: str, stream: str, settings: IngestSettings | None = None,
-                    partitions: list[int] | None = None, stages: str = "ingest,preprocess,drift") -> PipelineResult:
+def stream_pipeline(
+    topic: str,
+    stream: str,
+    settings: IngestSettings | None = None,
+    partitions: list[int] | None = None,
+    stages: str = "ingest,preprocess,drift",
+) -> PipelineResult:
     """What the topic holds now into ``<lake>/<stream>``, its new features, and the drift windows they
     complete. Every stage is incremental and exactly-once, so a run that finds nothing new writes nothing.
     ``settings``: the lake and the broker (default: the ``MMLAKE_...`` environment)."""

@@ -48,29 +48,51 @@ class PreprocessResult:
         return [self.summary.line()] + ([self.drift.line()] if self.drift is not None else [])
 
 
-@task(name="compute-features", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=commit_is_transient,
-      cache_policy=NO_CACHE)  # takes callbacks; results are never reused anyway
-def features_task(stream: str, lake: LakeSettings, settings: PreprocessSettings,
-                  operators: list[str] | None, max_rows: int | None, backfill: BackfillPlan | None = None,
-                  lineage_parent: tuple[str, str] | None = None, cancel: Any = None,
-                  progress: Progress | None = None) -> PreprocessSummary:
+@task(
+    name="compute-features",
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    retry_condition_fn=commit_is_transient,
+    cache_policy=NO_CACHE,
+)  # takes callbacks; results are never reused anyway
+def features_task(
+    stream: str,
+    lake: LakeSettings,
+    settings: PreprocessSettings,
+    operators: list[str] | None,
+    max_rows: int | None,
+    backfill: BackfillPlan | None = None,
+    lineage_parent: tuple[str, str] | None = None,
+    cancel: Any = None,
+    progress: Progress | None = None,
+) -> PreprocessSummary:
     from prefect.runtime import task_run
 
     logger = get_run_logger()
     job = f"{lineage_parent[0]}.compute-features" if lineage_parent else f"preprocess-stream.{stream}.task"
     run_id = str(task_run.id) if backfill is None else backfill_run_id(job, backfill)
     tables = lake.tables(stream)
-    with LineageEmitter.for_lake(lake).run(job, run_id, job_type="TASK", parent=lineage_parent,
-                                       inputs=lambda: table_inputs(tables, ["raw"])) as run:
+    with LineageEmitter.for_lake(lake).run(
+        job, run_id, job_type="TASK", parent=lineage_parent, inputs=lambda: table_inputs(tables, ["raw"])
+    ) as run:
         if backfill is None:
+
             def committed(so_far: PreprocessSummary) -> None:
                 logger.info("%d rows committed so far", so_far.rows)
                 if progress is not None:
                     progress(so_far.rows, 0)
 
-            summary = run_preprocess(lake.lake, stream, settings, storage_options=dict(lake.storage_options),
-                                     operators=operators, max_rows=max_rows, run_id=run_id, stop=cancel,
-                                     on_commit=committed)
+            summary = run_preprocess(
+                lake.lake,
+                stream,
+                settings,
+                storage_options=dict(lake.storage_options),
+                operators=operators,
+                max_rows=max_rows,
+                run_id=run_id,
+                stop=cancel,
+                on_commit=committed,
+            )
         else:
             plan = backfill
 
@@ -79,12 +101,22 @@ def features_task(stream: str, lake: LakeSettings, settings: PreprocessSettings,
                 if progress is not None:
                     progress(done, total)
 
-            summary = run_backfill(lake.lake, stream, plan.start, plan.end, settings, operator=plan.operator,
-                                   force=plan.force, storage_options=dict(lake.storage_options), run_id=run_id,
-                                   on_progress=advanced)
+            summary = run_backfill(
+                lake.lake,
+                stream,
+                plan.start,
+                plan.end,
+                settings,
+                operator=plan.operator,
+                force=plan.force,
+                storage_options=dict(lake.storage_options),
+                run_id=run_id,
+                on_progress=advanced,
+            )
         logger.info(summary.line())
-        run.complete(outputs=_outputs(lake, stream, summary),
-                     run_facets=operators_run_facets(summary.operators, summary.runtime))
+        run.complete(
+            outputs=_outputs(lake, stream, summary), run_facets=operators_run_facets(summary.operators, summary.runtime)
+        )
     return summary
 
 
@@ -96,34 +128,60 @@ def backfill_run_id(job: str, plan: BackfillPlan) -> str:
     return static_run_id(job, datetime.fromtimestamp(lo / 1e6, UTC), datetime.fromtimestamp(hi / 1e6, UTC))
 
 
-def _run(job: str, stream: str, lake: LakeSettings, settings: PreprocessSettings,
-         operators: list[str] | None, max_rows: int | None, backfill: BackfillPlan | None,
-         artifact_key: str, cancel: Any, progress: Progress | None) -> PreprocessSummary:
+def _run(
+    job: str,
+    stream: str,
+    lake: LakeSettings,
+    settings: PreprocessSettings,
+    operators: list[str] | None,
+    max_rows: int | None,
+    backfill: BackfillPlan | None,
+    artifact_key: str,
+    cancel: Any,
+    progress: Progress | None,
+) -> PreprocessSummary:
     from prefect.runtime import flow_run
 
     run_id = str(flow_run.id) if backfill is None else backfill_run_id(job, backfill)
     tables = lake.tables(stream)
     with LineageEmitter.for_lake(lake).run(job, run_id, inputs=lambda: table_inputs(tables, ["raw"])) as run:
-        summary = features_task(stream, lake, settings, operators, max_rows, backfill, (job, run_id), cancel,
-                                progress)
-        run.complete(outputs=_outputs(lake, stream, summary),
-                     run_facets=operators_run_facets(summary.operators, summary.runtime))
+        summary = features_task(stream, lake, settings, operators, max_rows, backfill, (job, run_id), cancel, progress)
+        run.complete(
+            outputs=_outputs(lake, stream, summary), run_facets=operators_run_facets(summary.operators, summary.runtime)
+        )
     create_markdown_artifact(key=artifact_key, markdown=summary_markdown(summary), description=summary.line())
     return summary
 
 
 @flow(name="preprocess-stream", log_prints=False)
-def preprocess_stream(stream: str, lake: LakeSettings | None = None, settings: PreprocessSettings | None = None,
-                      operators: list[str] | None = None, max_rows: int | None = None, then_drift: bool = False,
-                      cancel: Any = None, progress: Any = None) -> PreprocessResult:
+def preprocess_stream(
+    stream: str,
+    lake: LakeSettings | None = None,
+    settings: PreprocessSettings | None = None,
+    operators: list[str] | None = None,
+    max_rows: int | None = None,
+    then_drift: bool = False,
+    cancel: Any = None,
+    progress: Any = None,
+) -> PreprocessResult:
     """Compute the features rows ``<lake>/<stream>`` is missing, with the default operator of each
     modality (or the given ``operators``, NAME@VERSION); with ``then_drift``, run the drift flow on the
     stream afterwards (a subflow). Unset settings come from ``MMLAKE_...``. In-process runs may pass
     ``cancel`` (a ``threading.Event``: the run stops after its current commit) and ``progress`` (called
     with the rows committed so far, and 0)."""
     lake = lake or LakeSettings()
-    summary = _run(f"preprocess-stream.{stream}", stream, lake, settings or PreprocessSettings(), operators,
-                   max_rows, None, f"preprocess-{stream}".lower().replace("_", "-"), cancel, progress)
+    summary = _run(
+        f"preprocess-stream.{stream}",
+        stream,
+        lake,
+        settings or PreprocessSettings(),
+        operators,
+        max_rows,
+        None,
+        f"preprocess-{stream}".lower().replace("_", "-"),
+        cancel,
+        progress,
+    )
     if not then_drift:
         return PreprocessResult(summary)
     from mmlake.flows.drift import drift_stream
@@ -140,23 +198,47 @@ def _backfill_run_name() -> str:
 
 
 @flow(name="backfill-features", flow_run_name=_backfill_run_name, log_prints=False)
-def backfill_features(stream: str, plan: BackfillPlan, lake: LakeSettings | None = None,
-                      settings: PreprocessSettings | None = None, progress: Any = None) -> PreprocessSummary:
+def backfill_features(
+    stream: str,
+    plan: BackfillPlan,
+    lake: LakeSettings | None = None,
+    settings: PreprocessSettings | None = None,
+    progress: Any = None,
+) -> PreprocessSummary:
     """Recompute the features of the plan's range (with its ``operator``: only that operator's
     modality). A range already computed by the same operator bytes is left alone unless the plan says
     ``force``. In-process runs may pass ``progress``, called with (raw rows done, in all)."""
-    return _run(f"backfill-features.{stream}", stream, lake or LakeSettings(), settings or PreprocessSettings(),
-                None, None, plan, f"backfill-{stream}".lower().replace("_", "-"), None, progress)
+    return _run(
+        f"backfill-features.{stream}",
+        stream,
+        lake or LakeSettings(),
+        settings or PreprocessSettings(),
+        None,
+        None,
+        plan,
+        f"backfill-{stream}".lower().replace("_", "-"),
+        None,
+        progress,
+    )
 
 
 def summary_markdown(summary: PreprocessSummary) -> str:
-    lines = [f"### Features of `{summary.stream}`", "", "| | |", "|---|---|",
-             f"| rows written | {summary.rows} |", f"| rows with errors | {summary.errors} |",
-             f"| commits | {summary.commits} |", f"| ranges already up to date | {summary.skipped_ranges} |",
-             f"| execution provider | {summary.runtime.get('provider')} |",
-             f"| ONNX Runtime | {summary.runtime.get('ort_version')} |",
-             f"| intra-op threads | {summary.runtime.get('intra_op_threads')} |",
-             "", "| operator | SHA-256 | trained | rows |", "|---|---|---|---|"]
+    lines = [
+        f"### Features of `{summary.stream}`",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| rows written | {summary.rows} |",
+        f"| rows with errors | {summary.errors} |",
+        f"| commits | {summary.commits} |",
+        f"| ranges already up to date | {summary.skipped_ranges} |",
+        f"| execution provider | {summary.runtime.get('provider')} |",
+        f"| ONNX Runtime | {summary.runtime.get('ort_version')} |",
+        f"| intra-op threads | {summary.runtime.get('intra_op_threads')} |",
+        "",
+        "| operator | SHA-256 | trained | rows |",
+        "|---|---|---|---|",
+    ]
     for op in summary.operators:
         ref = f"{op['name']}@{op['version']}"
         trained = "yes" if op["trained"] else "**no (seeded, untrained)**"

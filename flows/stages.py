@@ -23,8 +23,9 @@ def parse_stages(stages: str | list[str] | None, allowed: tuple[str, ...], what:
     chosen = [s.strip() for s in items if s.strip()]
     unknown = sorted(set(chosen) - set(allowed))
     if unknown or not chosen:
-        raise InputError(f"unknown {what} stage(s) {', '.join(unknown) or '(none given)'}: "
-                         f"choose from {', '.join(allowed)}")
+        raise InputError(
+            f"unknown {what} stage(s) {', '.join(unknown) or '(none given)'}: choose from {', '.join(allowed)}"
+        )
     return [s for s in allowed if s in chosen]
 
 

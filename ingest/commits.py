@@ -59,8 +59,7 @@ class TableWriter:
                 appended[name] = data.num_rows
         return appended
 
-    def append(self, table: str, data: pa.Table, last_offset: dict[int, int],
-               max_event: dict[int, int | None]) -> bool:
+    def append(self, table: str, data: pa.Table, last_offset: dict[int, int], max_event: dict[int, int | None]) -> bool:
         """One exactly-once commit to ``table``: ``data`` plus the txn actions moving its offsets (and
         watermark state: ``max_event``) to ``last_offset``. False when the table
         already holds those offsets. Raises CommitRaceLost when another writer got there first."""
@@ -68,9 +67,14 @@ class TableWriter:
         txns = self._offset_txns(table, last_offset, max_event)
         if txns:
             crash_point(f"before_commit:{table}")
-        done = lake.commit(self.dts[table], data, txns=txns, expect=expect,
-                           metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
-                           partition_by=TABLES[table][1])
+        done = lake.commit(
+            self.dts[table],
+            data,
+            txns=txns,
+            expect=expect,
+            metadata={"mmlake.topic": self.topic, "mmlake.stream": self.stream},
+            partition_by=TABLES[table][1],
+        )
         if not done:
             return False
         crash_point(f"after_commit:{table}")
@@ -85,8 +89,7 @@ class TableWriter:
         lag = max(last - self.committed[table][p] for p, last in batch.last_offset.items())
         return lag > self.side_table_lag_records
 
-    def _offset_txns(self, table: str, last_offset: dict[int, int],
-                     max_event: dict[int, int | None]) -> dict[str, int]:
+    def _offset_txns(self, table: str, last_offset: dict[int, int], max_event: dict[int, int | None]) -> dict[str, int]:
         """The txn versions that move ``table``'s offsets (and watermark state) to ``last_offset``."""
         txns: dict[str, int] = {}
         for p, last in last_offset.items():

@@ -72,8 +72,7 @@ class IngestRun:
         self.on_batch = on_batch
         self.summary = IngestSummary(stream=stream, topic=topic)
         self.router = Router(topic, self.settings)
-        self.writer = TableWriter(self.settings.tables(stream), topic, stream,
-                                  self.settings.side_table_lag_records)
+        self.writer = TableWriter(self.settings.tables(stream), topic, stream, self.settings.side_table_lag_records)
 
     def load_state(self, all_partitions: list[int], assigned: list[int]) -> dict[int, int]:
         """Read offsets and watermark state from the Delta log into the writer and the router; return
@@ -94,8 +93,9 @@ class IngestRun:
     def run(self) -> IngestSummary:
         """Ingest until caught up (bounded), ``max_records`` read, or ``stop`` is set (follow)."""
         settings = self.settings
-        source = open_source(settings.kafka_client, settings.kafka_bootstrap, self.topic,
-                             timeout_s=settings.kafka_timeout_s)
+        source = open_source(
+            settings.kafka_client, settings.kafka_bootstrap, self.topic, timeout_s=settings.kafka_timeout_s
+        )
         try:
             assigned = self.partitions if self.partitions is not None else source.available_partitions
             source_partitions = source.available_partitions
@@ -114,8 +114,10 @@ class IngestRun:
 
     def failure(self, records: list[Any], err: Exception) -> IngestError:
         """An error no rule foresaw, on ``records``, as one line naming where they lie."""
-        return IngestError(f"ingest of {self.topic!r} into {self.stream!r} failed on "
-                           f"{spans(records)}: {type(err).__name__}: {err}".splitlines()[0])
+        return IngestError(
+            f"ingest of {self.topic!r} into {self.stream!r} failed on "
+            f"{spans(records)}: {type(err).__name__}: {err}".splitlines()[0]
+        )
 
     def warm_up(self) -> None:
         """Pay what the first batch would pay once (importing ``pyarrow.compute`` for the first cast,
@@ -123,9 +125,12 @@ class IngestRun:
         anyway: on a run of images, the first table took 0.6 s, the others 20 ms."""
         for schema, _ in TABLES.values():
             TableRows(schema, self.topic, 0).table()
-        wire.check(None, b"\x89PNG\r\n\x1a\n", [(wire.HEADER_EVENT_TIME, b"0"), (wire.HEADER_MODALITY, b"image")],
-                   max_payload_bytes=64)
-
+        wire.check(
+            None,
+            b"\x89PNG\r\n\x1a\n",
+            [(wire.HEADER_EVENT_TIME, b"0"), (wire.HEADER_MODALITY, b"image")],
+            max_payload_bytes=64,
+        )
 
 
 class _Pipeline:
@@ -151,8 +156,7 @@ class _Pipeline:
 
     def fetch(self, consumed: int) -> Future[list[Any]]:
         settings = self.run_.settings
-        return self.source.submit_fetch(self.room_after(consumed), settings.batch_max_bytes,
-                                        settings.idle_timeout_s)
+        return self.source.submit_fetch(self.room_after(consumed), settings.batch_max_bytes, settings.idle_timeout_s)
 
     def next_records(self) -> tuple[list[Any], bool]:
         """The next fetched records (the fetch after them already under way) and whether the run is
@@ -235,8 +239,12 @@ class _Pipeline:
                     continue
                 self.routed_records += len(records)
                 run.router.remember(batch)
-                self.inflight = (pool.submit(run.writer.commit, batch), batch, records,
-                                 run.router.watermark(self.assigned))
+                self.inflight = (
+                    pool.submit(run.writer.commit, batch),
+                    batch,
+                    records,
+                    run.router.watermark(self.assigned),
+                )
         finally:
             _drain(self.pending)
             if self.inflight is not None:  # leaving on an error: let the commit under way finish first

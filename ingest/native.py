@@ -24,8 +24,12 @@ def load() -> ModuleType | None:
     except ImportError:
         return None
     if getattr(_native, "API", None) != NATIVE_API:
-        warnings.warn(f"mmlake.ingest._native is API {getattr(_native, 'API', 1)}, this code needs {NATIVE_API}: "
-                      "not used (reinstall mmlake to rebuild it)", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"mmlake.ingest._native is API {getattr(_native, 'API', 1)}, this code needs {NATIVE_API}: "
+            "not used (reinstall mmlake to rebuild it)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     _native.configure(Checked, Accepted)
     return _native

@@ -6,13 +6,13 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from mmlake.errors import InputError
 from mmlake.ingest import wire
 from mmlake.ingest.broker import wait_for_kafka
-from mmlake.errors import InputError
 from mmlake.ingest.errors import BrokerUnavailableError
 
 EXTENSION_MODALITY = {
@@ -28,7 +28,7 @@ def _event_time_text(event_time: datetime | int | str) -> str:
     if isinstance(event_time, datetime):
         if event_time.tzinfo is None:
             raise InputError("event_time needs a timezone (naive datetimes are ambiguous)")
-        return event_time.astimezone(timezone.utc).isoformat()
+        return event_time.astimezone(UTC).isoformat()
     return str(event_time)
 
 
@@ -53,8 +53,12 @@ def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0) -> lis
     from kafka.errors import KafkaError
 
     wait_for_kafka(bootstrap, timeout_s)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                             request_timeout_ms=int(max(timeout_s, 5) * 1000) + 1000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        request_timeout_ms=int(max(timeout_s, 5) * 1000) + 1000,
+    )
     try:
         return sorted(consumer.partitions_for_topic(topic) or [])
     except KafkaError as err:

@@ -12,6 +12,7 @@ from mmlake.errors import InputError
 from mmlake.lake import UTC_US, StreamTables, day_of, to_epoch_us
 from mmlake.lake import count_rows as lake_count_rows
 from mmlake.lake import dataset as lake_dataset
+
 _ORDER = ["event_time", "kafka_partition", "kafka_offset"]
 
 
@@ -23,9 +24,7 @@ def _file_ranges(dt: object) -> list[tuple[int, int]]:
     lo = actions.column("min.event_time").cast(UTC_US).cast(pa.int64()).to_pylist()
     hi = actions.column("max.event_time").cast(UTC_US).cast(pa.int64()).to_pylist()
     # A file without statistics could hold anything: treat it as unbounded.
-    return [
-        (a if a is not None else -(2**62), b if b is not None else 2**62) for a, b in zip(lo, hi)
-    ]
+    return [(a if a is not None else -(2**62), b if b is not None else 2**62) for a, b in zip(lo, hi)]
 
 
 def read_stream(
@@ -60,7 +59,7 @@ def read_stream(
         return
     import pyarrow.dataset as ds
 
-    wanted = list(columns) if columns is not None else dt.schema().to_arrow().names  # type: ignore[union-attr]
+    wanted = list(columns) if columns is not None else dt.schema().to_arrow().names
     read_cols = wanted + [c for c in _ORDER if c not in wanted]
     dataset, threads = lake_dataset(dt)
     step = int(window.total_seconds() * 1_000_000)
@@ -70,9 +69,8 @@ def read_stream(
     while cursor <= last:
         upper = min(cursor + step, last + 1)
         if any(a < upper and b >= cursor for a, b in ranges):
-            expr = (
-                (ds.field("event_time") >= pa.scalar(cursor, UTC_US))
-                & (ds.field("event_time") < pa.scalar(upper, UTC_US))
+            expr = (ds.field("event_time") >= pa.scalar(cursor, UTC_US)) & (
+                ds.field("event_time") < pa.scalar(upper, UTC_US)
             )
             if "event_date" in dataset.schema.names:
                 expr &= (ds.field("event_date") >= pa.scalar(day_of(cursor), pa.date32())) & (
@@ -92,9 +90,15 @@ def read_stream(
         cursor = upper
 
 
-def count_rows(lake: str, stream: str, start: datetime | str | int | None = None,
-               end: datetime | str | int | None = None, *, table: str = "raw",
-               storage_options: dict[str, str] | None = None) -> int:
+def count_rows(
+    lake: str,
+    stream: str,
+    start: datetime | str | int | None = None,
+    end: datetime | str | int | None = None,
+    *,
+    table: str = "raw",
+    storage_options: dict[str, str] | None = None,
+) -> int:
     """How many rows :func:`read_stream` yields for the same arguments (0 without the table)."""
     import pyarrow.dataset as ds
 

@@ -47,8 +47,13 @@ class Detour:
         self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
         self._consumer: Any = None
 
-    def read(self, positions: dict[int, int], bounds: dict[int, int | None], max_records: int = DETOUR_RECORDS,
-             max_bytes: int = 64 << 20) -> list[Recovered]:
+    def read(
+        self,
+        positions: dict[int, int],
+        bounds: dict[int, int | None],
+        max_records: int = DETOUR_RECORDS,
+        max_bytes: int = 64 << 20,
+    ) -> list[Recovered]:
         """Records of each partition from ``positions[p]`` on (below ``bounds[p]`` where one is given), in
         offset order per partition: at most ``max_records`` per partition and, over all, about
         ``max_bytes`` of values (at least one record)."""
@@ -57,11 +62,17 @@ class Detour:
         if self._consumer is None:
             from confluent_kafka import Consumer
 
-            self._consumer = Consumer({
-                "bootstrap.servers": self.bootstrap, "group.id": "mmlake-detour", "enable.auto.commit": False,
-                "enable.auto.offset.store": False, "enable.partition.eof": True, "log_level": 2,
-                "log.connection.close": False,
-            })
+            self._consumer = Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": "mmlake-detour",
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "enable.partition.eof": True,
+                    "log_level": 2,
+                    "log.connection.close": False,
+                }
+            )
         self._consumer.assign([TopicPartition(self.topic, p, at) for p, at in positions.items()])
         taken: dict[int, list[Recovered]] = {p: [] for p in positions}
         size = 0
@@ -80,8 +91,17 @@ class Detour:
                     open_.discard(p)
                     continue
                 at = positions[p] + len(taken[p])
-                taken[p].append(Recovered(self.topic, p, at, None, None, None,
-                                          undecodable=f"neither Kafka client can read this record: {error.str()}"))
+                taken[p].append(
+                    Recovered(
+                        self.topic,
+                        p,
+                        at,
+                        None,
+                        None,
+                        None,
+                        undecodable=f"neither Kafka client can read this record: {error.str()}",
+                    )
+                )
                 open_.discard(p)  # an unreadable stretch ends the detour; the next fetch goes on after it
                 continue
             bound = bounds.get(p)
@@ -111,9 +131,17 @@ def record_of(topic: str, message: Any, partition: int | None = None, offset: in
     p = message.partition() if partition is None else partition
     at = message.offset() if offset is None else offset
     if headers is None:  # one text whichever way the binding failed, so both clients write the same row
-        return Recovered(topic, p, at, ts if kind else None, message.key(), message.value(), (),
-                         "the Kafka client cannot decode this record: a header key is not UTF-8; key, value and "
-                         "timestamp kept, headers lost")
+        return Recovered(
+            topic,
+            p,
+            at,
+            ts if kind else None,
+            message.key(),
+            message.value(),
+            (),
+            "the Kafka client cannot decode this record: a header key is not UTF-8; key, value and "
+            "timestamp kept, headers lost",
+        )
     return _new(Recovered, (topic, p, at, ts if kind else None, message.key(), message.value(), headers, None))
 
 
@@ -137,13 +165,12 @@ def _headers(message: Any) -> list[tuple[str, bytes | None]] | None:
             return list(raw) if fast.headers_ok(raw) else None
         # Every item a pair, and every pair's items, as the garbage collector sees them: a NULL item is
         # skipped. A decoding error the binding left pending surfaces here, inside the try.
-        if set(map(type, raw)) != _TUPLE or set(map(len, raw)) != _PAIR or \
-                len(gc.get_referents(*raw)) != 2 * len(raw):
+        if set(map(type, raw)) != _TUPLE or set(map(len, raw)) != _PAIR or len(gc.get_referents(*raw)) != 2 * len(raw):
             return None
         # Every key a str (join refuses anything else) that survives UTF-8 (a key decoded with
         # surrogates would not survive the table either).
         "".join([name for name, _ in raw]).encode("utf-8")
-    except Exception:  # noqa: BLE001 - SystemError or UnicodeDecodeError for a key that is not UTF-8
+    except Exception:
         return None
     return list(raw)
 

@@ -59,8 +59,13 @@ class Router:
         self.seen = KnownIds()  # record id -> (event time, payload SHA-256)
         self.replayed: set[tuple[int, int]] = set()  # (partition, offset) of raw rows this run reads again
 
-    def reset(self, max_event: dict[int, int | None], raw: DeltaTable, committed: Mapping[str, Mapping[int, int]],
-              resume: dict[int, int]) -> None:
+    def reset(
+        self,
+        max_event: dict[int, int | None],
+        raw: DeltaTable,
+        committed: Mapping[str, Mapping[int, int]],
+        resume: dict[int, int],
+    ) -> None:
         """Take the state a run resumes from: each partition's max event time (``max_event``), the
         ``raw`` table and every table's committed offsets (``committed``, which the run's writer keeps
         up to date), and where each assigned partition resumes (``resume``).
@@ -85,14 +90,20 @@ class Router:
             expr = (ds.field("event_date") >= day) & (ds.field("event_time") >= cut)
             for p, start in resume.items():
                 if start <= committed["raw"][p]:
-                    expr = expr | ((ds.field("kafka_partition") == p) & (ds.field("kafka_offset") >= start)
-                                   & (ds.field("kafka_offset") <= committed["raw"][p]))
+                    expr = expr | (
+                        (ds.field("kafka_partition") == p)
+                        & (ds.field("kafka_offset") >= start)
+                        & (ds.field("kafka_offset") <= committed["raw"][p])
+                    )
         table = lake.scan(raw, ["record_id", "event_time", "payload_sha256", "kafka_partition", "kafka_offset"], expr)
         self.seen = KnownIds(known_ids(table))
         self.replayed = {
-            (p, o) for p, o in zip(table.column("kafka_partition").to_pylist(), table.column("kafka_offset").to_pylist(),
-                                   strict=True)
-            if p in resume and resume[p] <= o <= committed["raw"][p]}
+            (p, o)
+            for p, o in zip(
+                table.column("kafka_partition").to_pylist(), table.column("kafka_offset").to_pylist(), strict=True
+            )
+            if p in resume and resume[p] <= o <= committed["raw"][p]
+        }
 
     def horizon_us(self) -> int | None:
         """The oldest event time de-duplication still covers (None before any partition has one)."""
@@ -122,8 +133,9 @@ class Router:
 
         assert self.raw is not None, "reset() gives the router its raw table"
         table = lake.scan(self.raw, ["record_id", "event_time", "payload_sha256"])
-        return known_ids(table.filter(pc.is_in(table.column("record_id"),
-                                                value_set=pa.array(sorted(ids), pa.string()))))
+        return known_ids(
+            table.filter(pc.is_in(table.column("record_id"), value_set=pa.array(sorted(ids), pa.string())))
+        )
 
     def route(self, records: list[Any]) -> Batch:
         """Every record to exactly one of raw, late or dlq, or counted as a duplicate (see the module
@@ -135,8 +147,12 @@ class Router:
         late: list[tuple[Any, wire.Checked, int]] = []
         last: dict[int, int] = {}
         first: dict[int, int] = {}
-        dlq_at, late_at, max_event, lateness = self.committed["dlq"], self.committed["late"], self.max_event, \
-            self.lateness_us
+        dlq_at, late_at, max_event, lateness = (
+            self.committed["dlq"],
+            self.committed["late"],
+            self.max_event,
+            self.lateness_us,
+        )
         for rec in records:  # offset order within each partition
             p, offset = rec.partition, rec.offset
             if p not in first:
@@ -144,9 +160,10 @@ class Router:
             last[p] = offset
             try:
                 result = self.check(rec)
-            except Exception as err:  # noqa: BLE001 - a bug must not become a poison pill
-                result = wire.Rejected(wire.Reason.UNDECODABLE_RECORD,
-                                       f"routing failed: {type(err).__name__}: {err}".splitlines()[0])
+            except Exception as err:
+                result = wire.Rejected(
+                    wire.Reason.UNDECODABLE_RECORD, f"routing failed: {type(err).__name__}: {err}".splitlines()[0]
+                )
             if isinstance(result, wire.Rejected):
                 if offset > dlq_at[p]:
                     rows["dlq"].add_rejected(rec, result)
@@ -161,11 +178,15 @@ class Router:
                 max_event[p] = t
             checked.append((t, p, offset, rec, result))
         # Digests for the whole batch at once (without the GIL where the native hasher was built).
-        done = wire.digest([c for *_, c in checked] + [c for _, c, _ in late],
-                           [entry[3].value for entry in checked] + [rec.value for rec, _, _ in late])
-        for (rec, _, watermark), acc in zip(late, done[len(checked):], strict=True):
+        done = wire.digest(
+            [c for *_, c in checked] + [c for _, c, _ in late],
+            [entry[3].value for entry in checked] + [rec.value for rec, _, _ in late],
+        )
+        for (rec, _, watermark), acc in zip(late, done[len(checked) :], strict=True):
             rows["late"].add_late(rec, acc, watermark)
-        accepted = [(t, p, offset, rec, acc) for (t, p, offset, rec, _), acc in zip(checked, done[:len(checked)], strict=True)]
+        accepted = [
+            (t, p, offset, rec, acc) for (t, p, offset, rec, _), acc in zip(checked, done[: len(checked)], strict=True)
+        ]
         # De-duplicate in event-time order, so the earliest copy is the one kept. A record id seen
         # before (in raw, or earlier in this batch) with the same payload is a duplicate; with other
         # bytes it is a conflict, dead-lettered. A record the run reads again (its offset is within
@@ -174,8 +195,11 @@ class Router:
         # horizon no longer covers it), so its conflict reaches dlq exactly once.
         accepted.sort(key=_SORT_KEY)
         raw_at = self.committed["raw"]
-        lost = {acc.record_id for _, p, offset, _, acc in accepted if offset <= raw_at[p]
-                and (p, offset) not in self.replayed and acc.record_id not in self.seen}
+        lost = {
+            acc.record_id
+            for _, p, offset, _, acc in accepted
+            if offset <= raw_at[p] and (p, offset) not in self.replayed and acc.record_id not in self.seen
+        }
         found = self._lookup_raw(lost) if lost else {}
         new_ids: dict[str, tuple[int, str]] = {}
         duplicates = 0
@@ -194,10 +218,14 @@ class Router:
                 if known[1] == acc.payload_sha256:
                     duplicates += int(offset > raw_at[p])
                 elif offset > dlq_at[p]:
-                    rows["dlq"].add_rejected(rec, wire.Rejected(
-                        wire.Reason.RECORD_ID_CONFLICT,
-                        f"record id {acc.record_id[:80]!r} was already ingested with other bytes (payload "
-                        f"SHA-256 {known[1][:16]}..., this one {acc.payload_sha256[:16]}...)"))
+                    rows["dlq"].add_rejected(
+                        rec,
+                        wire.Rejected(
+                            wire.Reason.RECORD_ID_CONFLICT,
+                            f"record id {acc.record_id[:80]!r} was already ingested with other bytes (payload "
+                            f"SHA-256 {known[1][:16]}..., this one {acc.payload_sha256[:16]}...)",
+                        ),
+                    )
                 continue
             new_ids[acc.record_id] = (acc.event_time_us, acc.payload_sha256)
             raw_rows.add_accepted(rec, acc)
@@ -214,8 +242,9 @@ class Router:
         if reference is None:
             reference = self.max_event.get(rec.partition)
         not_after = None if reference is None else reference + self.skew_us
-        return wire.check(rec.key, rec.value, rec.headers, max_payload_bytes=self.max_payload_bytes,
-                          not_after_us=not_after)
+        return wire.check(
+            rec.key, rec.value, rec.headers, max_payload_bytes=self.max_payload_bytes, not_after_us=not_after
+        )
 
 
 class KnownIds(dict[str, tuple[int, str]]):
@@ -250,7 +279,10 @@ def known_ids(table: pa.Table) -> dict[str, tuple[int, str]]:
     horizon), the newest copy."""
     table = table.sort_by("event_time")
     times = table.column("event_time").cast(pa.int64()).to_pylist()
-    return dict(zip(table.column("record_id").to_pylist(),
-                    zip(times, table.column("payload_sha256").to_pylist(), strict=True), strict=True))
-
-
+    return dict(
+        zip(
+            table.column("record_id").to_pylist(),
+            zip(times, table.column("payload_sha256").to_pylist(), strict=True),
+            strict=True,
+        )
+    )

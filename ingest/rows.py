@@ -25,7 +25,6 @@ def kafka_timestamp_us(timestamp_ms: int | None) -> int | None:
     return us if lake.in_range(us) else None
 
 
-
 class TableRows:
     """The rows of one table in a micro-batch, kept as (record, outcome) pairs until :meth:`table`
     builds each column with one list comprehension (cheaper than appending to every column per row)."""
@@ -56,9 +55,12 @@ class TableRows:
         n = len(self)
         recs = [rec for rec, _ in self.accepted] + [rec for rec, _ in self.rejected]
         data: dict[str, Any] = {
-            "kafka_topic": [self.topic] * n, "kafka_partition": [r.partition for r in recs],
-            "kafka_offset": [r.offset for r in recs], "kafka_key": [r.key for r in recs],
-            "headers": [r.headers for r in recs], "ingest_time": [self.now_us] * n,
+            "kafka_topic": [self.topic] * n,
+            "kafka_partition": [r.partition for r in recs],
+            "kafka_offset": [r.offset for r in recs],
+            "kafka_key": [r.key for r in recs],
+            "headers": [r.headers for r in recs],
+            "ingest_time": [self.now_us] * n,
         }
         if "error_code" in self.schema.names:  # dlq
             data["error_code"] = [rej.reason.value for _, rej in self.rejected]
@@ -69,10 +71,17 @@ class TableRows:
         outs = [acc for _, acc in self.accepted]
         payloads = [r.value or b"" for r in recs]
         times = [acc.event_time_us for acc in outs]
-        data.update(record_id=[acc.record_id for acc in outs], sample_id=[acc.sample_id for acc in outs],
-                    modality=[acc.modality for acc in outs], content_type=[acc.content_type for acc in outs],
-                    event_time=times, payload=payloads, payload_sha256=[acc.payload_sha256 for acc in outs],
-                    size_bytes=[len(v) for v in payloads], event_date=list(map(lake.day_of, times)))
+        data.update(
+            record_id=[acc.record_id for acc in outs],
+            sample_id=[acc.sample_id for acc in outs],
+            modality=[acc.modality for acc in outs],
+            content_type=[acc.content_type for acc in outs],
+            event_time=times,
+            payload=payloads,
+            payload_sha256=[acc.payload_sha256 for acc in outs],
+            size_bytes=[len(v) for v in payloads],
+            event_date=list(map(lake.day_of, times)),
+        )
         if "watermark" in self.schema.names:
             data["watermark"] = self.watermarks
         return data
@@ -86,9 +95,13 @@ class TableRows:
         if "event_time" in data and n > 1:
             import numpy as np
 
-            order = np.lexsort((np.fromiter(data["kafka_offset"], np.int64, n),
-                                np.fromiter(data["kafka_partition"], np.int64, n),
-                                np.fromiter(data["event_time"], np.int64, n)))
+            order = np.lexsort(
+                (
+                    np.fromiter(data["kafka_offset"], np.int64, n),
+                    np.fromiter(data["kafka_partition"], np.int64, n),
+                    np.fromiter(data["event_time"], np.int64, n),
+                )
+            )
             if (np.diff(order) != 1).any():
                 take = operator.itemgetter(*order.tolist())
                 data = {name: take(values) for name, values in data.items()}
@@ -121,7 +134,7 @@ def binary_array(values: list[bytes]) -> pa.Array:
     if fast is not None:
         fast.gather(values, data)
     else:
-        view = memoryview(data).cast("B")  # type: ignore[arg-type]
+        view = memoryview(data).cast("B")
         for value, start, end in zip(values, offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
             view[start:end] = value
     return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets.astype(np.int32)), data])

@@ -40,8 +40,9 @@ def check_partitions(topic: str, available: Iterable[int], wanted: Iterable[int]
     missing = sorted(set(wanted) - have)
     if missing:
         span = f": {min(have)}..{max(have)}" if have else ""
-        raise TopicNotFoundError(f"topic {topic!r} has no partition {', '.join(map(str, missing))} "
-                                 f"(it has {len(have)}{span})")
+        raise TopicNotFoundError(
+            f"topic {topic!r} has no partition {', '.join(map(str, missing))} (it has {len(have)}{span})"
+        )
 
 
 class KafkaSource(Protocol):
@@ -165,9 +166,7 @@ class KafkaPythonSource(_Prefetching):
             return False
         if len(self._bounds) < len(self._assigned):
             return False
-        return all(
-            self._consumer.position(self._tp(self.topic, p)) >= self._bounds[p] for p in self._assigned
-        )
+        return all(self._consumer.position(self._tp(self.topic, p)) >= self._bounds[p] for p in self._assigned)
 
     def fetch(self, max_records: int, max_bytes: int, wait_s: float) -> list[Any]:
         """Up to ``max_records`` records (or ``max_bytes`` of payload), waiting at most ``wait_s`` for the first.
@@ -252,8 +251,10 @@ class KafkaPythonSource(_Prefetching):
         if not records:
             reason = (str(err) or type(err).__name__).splitlines()[0]
             where = ", ".join(f"partition {p} offset {at}" for p, at in sorted(positions.items()))
-            raise IngestError(f"kafka-python cannot decode a record of {self.topic!r} ({reason}) and librdkafka "
-                              f"finds none at {where or 'the assigned partitions'}")
+            raise IngestError(
+                f"kafka-python cannot decode a record of {self.topic!r} ({reason}) and librdkafka "
+                f"finds none at {where or 'the assigned partitions'}"
+            )
         moved = {}
         for rec in records:
             moved[rec.partition] = rec.offset + 1
@@ -283,20 +284,30 @@ class ConfluentSource(_Prefetching):
         self.topic = topic
         self.bootstrap = bootstrap
         self._timeout_s = timeout_s
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": "mmlake-ingest", "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-            # Prefetch about 16 MB per partition (librdkafka's default queue is 64 MB): memory stays
-            # bounded, and a broker that goes away is noticed rather than read past.
-            "fetch.wait.max.ms": 100, "max.partition.fetch.bytes": 8 * 1024 * 1024,
-            "fetch.max.bytes": 16 * 1024 * 1024, "queued.max.messages.kbytes": 16 * 1024,
-            # A full prefetch queue postpones the partition's next fetch by this long (librdkafka's
-            # default is 1000 ms): at the default, a consumer slower than the broker waited on every
-            # refill (2.8 s of a 100k-record text run).
-            "fetch.queue.backoff.ms": 10,
-            "receive.message.max.bytes": 128 * 1024 * 1024,  # one record larger than a fetch still comes
-            "socket.timeout.ms": int(max(timeout_s, 5) * 1000), "log_level": 2, "log.connection.close": False,
-        })
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "mmlake-ingest",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                # Prefetch about 16 MB per partition (librdkafka's default queue is 64 MB): memory stays
+                # bounded, and a broker that goes away is noticed rather than read past.
+                "fetch.wait.max.ms": 100,
+                "max.partition.fetch.bytes": 8 * 1024 * 1024,
+                "fetch.max.bytes": 16 * 1024 * 1024,
+                "queued.max.messages.kbytes": 16 * 1024,
+                # A full prefetch queue postpones the partition's next fetch by this long (librdkafka's
+                # default is 1000 ms): at the default, a consumer slower than the broker waited on every
+                # refill (2.8 s of a 100k-record text run).
+                "fetch.queue.backoff.ms": 10,
+                "receive.message.max.bytes": 128 * 1024 * 1024,  # one record larger than a fetch still comes
+                "socket.timeout.ms": int(max(timeout_s, 5) * 1000),
+                "log_level": 2,
+                "log.connection.close": False,
+            }
+        )
         try:
             metadata = self._consumer.list_topics(topic, timeout=timeout_s)
         except KafkaException as err:
@@ -370,8 +381,9 @@ class ConfluentSource(_Prefetching):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 and (out or not self._bounded):
                     break
-                messages = self._consumer.consume(num_messages=min(max_records - len(out), 100_000),
-                                                  timeout=max(min(remaining, 0.5), 0.05))
+                messages = self._consumer.consume(
+                    num_messages=min(max_records - len(out), 100_000), timeout=max(min(remaining, 0.5), 0.05)
+                )
                 self._learn_bounds()
             nxt, bounds, taken = self._next, self._bounds if self._bounded else {}, len(out)
             for i, message in enumerate(messages):
@@ -380,8 +392,17 @@ class ConfluentSource(_Prefetching):
                     continue  # a broker-level event: the timeout decides
                 if error is not None:
                     if error.code() in _UNREADABLE and (at_offset is None or at_offset >= nxt[p]):
-                        out.append(Recovered(self.topic, p, max(at_offset or 0, nxt[p]), None, None, None,
-                                             undecodable=f"the Kafka client cannot read this record: {error.str()}"))
+                        out.append(
+                            Recovered(
+                                self.topic,
+                                p,
+                                max(at_offset or 0, nxt[p]),
+                                None,
+                                None,
+                                None,
+                                undecodable=f"the Kafka client cannot read this record: {error.str()}",
+                            )
+                        )
                         nxt[p] = out[-1].offset + 1
                     continue  # otherwise the end of a partition, or a transient error
                 offset = int(at_offset or 0)
@@ -412,13 +433,15 @@ class ConfluentSource(_Prefetching):
         from confluent_kafka import KafkaException
 
         if self._bounded:
-            raise BrokerUnavailableError(f"no answer from Kafka at {self.bootstrap} for {self._timeout_s:g}s "
-                                         f"while reading {self.topic!r}")
+            raise BrokerUnavailableError(
+                f"no answer from Kafka at {self.bootstrap} for {self._timeout_s:g}s while reading {self.topic!r}"
+            )
         try:
             self._consumer.list_topics(self.topic, timeout=self._timeout_s)
         except KafkaException as err:
-            raise BrokerUnavailableError(f"no answer from Kafka at {self.bootstrap} for {self._timeout_s:g}s "
-                                         f"while reading {self.topic!r}: {err}") from err
+            raise BrokerUnavailableError(
+                f"no answer from Kafka at {self.bootstrap} for {self._timeout_s:g}s while reading {self.topic!r}: {err}"
+            ) from err
         self._last_progress = time.monotonic()
 
     def close(self) -> None:
@@ -428,7 +451,9 @@ class ConfluentSource(_Prefetching):
 
 #: The Kafka clients a source can be built on, by name (``MMLAKE_KAFKA_CLIENT``).
 SOURCES: dict[str, type[KafkaPythonSource] | type[ConfluentSource]] = {
-    KafkaPythonSource.name: KafkaPythonSource, ConfluentSource.name: ConfluentSource}
+    KafkaPythonSource.name: KafkaPythonSource,
+    ConfluentSource.name: ConfluentSource,
+}
 
 
 def open_source(client: str, bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> KafkaSource:

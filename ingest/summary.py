@@ -63,5 +63,7 @@ def spans(records: Sequence[Any]) -> str:
     for rec in records:
         span = bounds.setdefault(rec.partition, [rec.offset, rec.offset])
         span[0], span[1] = min(span[0], rec.offset), max(span[1], rec.offset)
-    return ", ".join(f"partition {p} offset{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''}"
-                     for p, (a, b) in sorted(bounds.items()))
+    return ", ".join(
+        f"partition {p} offset{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''}"
+        for p, (a, b) in sorted(bounds.items())
+    )

@@ -185,9 +185,11 @@ def check(
     except ValueError as err:
         return Rejected(Reason.BAD_EVENT_TIME, f"header {HEADER_EVENT_TIME} is unusable: {err}")
     if not_after_us is not None and event_time_us > not_after_us:
-        return Rejected(Reason.EVENT_TIME_IN_FUTURE,
-                        f"event time {format_us(event_time_us)} is beyond {format_us(not_after_us)}, the latest "
-                        "the future-time guard allows for this record (MMLAKE_MAX_FUTURE_SKEW)")
+        return Rejected(
+            Reason.EVENT_TIME_IN_FUTURE,
+            f"event time {format_us(event_time_us)} is beyond {format_us(not_after_us)}, the latest "
+            "the future-time guard allows for this record (MMLAKE_MAX_FUTURE_SKEW)",
+        )
 
     modality = fields.get(HEADER_MODALITY)
     if modality is None:
@@ -217,8 +219,13 @@ def check(
         return Rejected(reason, f"{modality} payload does not decode: {problem}")
 
     content_type = declared or sniff_content_type(modality, payload) or "application/octet-stream"
-    return Checked(fields.get(HEADER_RECORD_ID) or None, fields.get(HEADER_SAMPLE_ID) or key_text or None, modality,
-                   content_type, event_time_us)
+    return Checked(
+        fields.get(HEADER_RECORD_ID) or None,
+        fields.get(HEADER_SAMPLE_ID) or key_text or None,
+        modality,
+        content_type,
+        event_time_us,
+    )
 
 
 def _decoded_headers(headers: Headers) -> dict[str, str] | None:
@@ -246,6 +253,14 @@ def _digest_py(checked: Sequence[Checked], payloads: Sequence[bytes]) -> list[Ac
     out = []
     for c, payload in zip(checked, payloads, strict=True):
         record_id = c.record_id or default_record_id(c.modality, c.event_time_us, payload)
-        out.append(Accepted(record_id, c.sample_id or record_id, c.modality, c.content_type, c.event_time_us,
-                            hashlib.sha256(payload).hexdigest()))
+        out.append(
+            Accepted(
+                record_id,
+                c.sample_id or record_id,
+                c.modality,
+                c.content_type,
+                c.event_time_us,
+                hashlib.sha256(payload).hexdigest(),
+            )
+        )
     return out

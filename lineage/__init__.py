@@ -6,8 +6,8 @@ See docs/lineage.md. Importing this package loads nothing heavy and emits nothin
 from __future__ import annotations
 
 from mmlake.lineage.emitter import LineageEmitter, default_events_path, static_run_id
-from mmlake.lineage.settings import LineageSettings
 from mmlake.lineage.naming import kafka_dataset, storage_dataset
+from mmlake.lineage.settings import LineageSettings
 
 __all__ = [
     "LineageEmitter",

@@ -21,17 +21,24 @@ def kafka_input(bootstrap: str, topic: str, summary: Any | None = None) -> Any:
     if summary is not None:
         read = summary.accepted + summary.late + summary.duplicates + summary.dead_lettered
         facets["dataQualityMetrics"] = dq.DataQualityMetricsInputDatasetFacet(
-            columnMetrics={}, rowCount=read, bytes=summary.payload_bytes)
+            columnMetrics={}, rowCount=read, bytes=summary.payload_bytes
+        )
         facets["mmlake_kafka"] = MmlakeKafkaInputDatasetFacet(
-            partitions=[{"partition": p, "firstOffset": a, "lastOffset": b}
-                        for p, (a, b) in sorted(summary.offsets.items())],
-            recordsRead=read, accepted=summary.accepted, late=summary.late,
-            duplicates=summary.duplicates, deadLettered=summary.dead_lettered)
+            partitions=[
+                {"partition": p, "firstOffset": a, "lastOffset": b} for p, (a, b) in sorted(summary.offsets.items())
+            ],
+            recordsRead=read,
+            accepted=summary.accepted,
+            late=summary.late,
+            duplicates=summary.duplicates,
+            deadLettered=summary.dead_lettered,
+        )
     return InputDataset(namespace=namespace, name=name, inputFacets=facets)
 
 
 def _table_facets(dt: Any) -> dict[str, Any]:
-    from openlineage.client.facet_v2 import dataset_version_dataset, schema_dataset, storage_dataset as storage
+    from openlineage.client.facet_v2 import dataset_version_dataset, schema_dataset
+    from openlineage.client.facet_v2 import storage_dataset as storage
 
     arrow = dt.schema().to_arrow()
     fields = [schema_dataset.SchemaDatasetFacetFields(name=f.name, type=str(f.type)) for f in arrow]
@@ -51,8 +58,9 @@ def delta_output(uri: str, dt: Any | None, rows: int | None = None, size: int | 
     output_facets: dict[str, Any] = {}
     if rows is not None:
         output_facets["outputStatistics"] = stats.OutputStatisticsOutputDatasetFacet(rowCount=rows, size=size)
-    return OutputDataset(namespace=namespace, name=name, outputFacets=output_facets,
-                         facets=_table_facets(dt) if dt is not None else {})
+    return OutputDataset(
+        namespace=namespace, name=name, outputFacets=output_facets, facets=_table_facets(dt) if dt is not None else {}
+    )
 
 
 def delta_input(uri: str, dt: Any | None) -> Any:
@@ -63,8 +71,14 @@ def delta_input(uri: str, dt: Any | None) -> Any:
     return InputDataset(namespace=namespace, name=name, facets=_table_facets(dt) if dt is not None else {})
 
 
-def table_outputs(tables: StreamTables, names: Iterable[str], rows: Mapping[str, int] | None = None,
-                  sizes: Mapping[str, int] | None = None, *, existing_only: bool = False) -> list[Any]:
+def table_outputs(
+    tables: StreamTables,
+    names: Iterable[str],
+    rows: Mapping[str, int] | None = None,
+    sizes: Mapping[str, int] | None = None,
+    *,
+    existing_only: bool = False,
+) -> list[Any]:
     """Tables of a stream as outputs at their current versions, with the rows (and bytes) the run
     wrote to each where given; ``existing_only`` leaves out tables that do not exist."""
     out = []
@@ -93,7 +107,10 @@ def with_drift_assertions(dataset: Any, metrics: Iterable[str], alarms: Iterable
     from openlineage.client.facet_v2 import data_quality_assertions_dataset as dqa
 
     up = set(alarms)
-    dataset.facets["dataQualityAssertions"] = dqa.DataQualityAssertionsDatasetFacet(assertions=[
-        dqa.Assertion(assertion=f"drift:{m} within its EWMA threshold", success=m not in up, column="embedding")
-        for m in sorted(set(metrics))])
+    dataset.facets["dataQualityAssertions"] = dqa.DataQualityAssertionsDatasetFacet(
+        assertions=[
+            dqa.Assertion(assertion=f"drift:{m} within its EWMA threshold", success=m not in up, column="embedding")
+            for m in sorted(set(metrics))
+        ]
+    )
     return dataset

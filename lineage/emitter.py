@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,9 @@ def _client(lake: str, storage_options: dict[str, str] | None) -> Any:
     if not is_local(lake):
         from mmlake.lineage.transport import DeltaLogConfig, DeltaLogTransport
 
-        return OpenLineageClient(transport=DeltaLogTransport(DeltaLogConfig(default_events_table(lake),
-                                                                            dict(storage_options or {}))))
+        return OpenLineageClient(
+            transport=DeltaLogTransport(DeltaLogConfig(default_events_table(lake), dict(storage_options or {})))
+        )
     path = default_events_path(lake)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return OpenLineageClient(transport=FileTransport(FileConfig(log_file_path=path, append=True)))
@@ -84,8 +85,13 @@ class LineageRun:
         self.outputs: Datasets | None = None
         self.run_facets: dict[str, Any] | None = None
 
-    def complete(self, *, inputs: Datasets | None = None, outputs: Datasets | None = None,
-                 run_facets: dict[str, Any] | None = None) -> None:
+    def complete(
+        self,
+        *,
+        inputs: Datasets | None = None,
+        outputs: Datasets | None = None,
+        run_facets: dict[str, Any] | None = None,
+    ) -> None:
         """Set what COMPLETE carries (inputs default to START's)."""
         if inputs is not None:
             self.inputs = inputs
@@ -94,14 +100,15 @@ class LineageRun:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 class LineageEmitter:
     """Emits the run events of mmlake's jobs. Never raises; each emit waits at most ``timeout_s``."""
 
-    def __init__(self, lake: str, settings: LineageSettings | None = None, *,
-                 storage_options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, lake: str, settings: LineageSettings | None = None, *, storage_options: dict[str, str] | None = None
+    ) -> None:
         self.settings = settings or LineageSettings()
         self.namespace = self.settings.namespace
         try:
@@ -116,8 +123,16 @@ class LineageEmitter:
         return cls(lake.lake, storage_options=dict(lake.storage_options))
 
     @contextlib.contextmanager
-    def run(self, job_name: str, run_id: str, *, job_type: str = "JOB", processing: str = "BATCH",
-            parent: tuple[str, str] | None = None, inputs: Datasets | None = None) -> Iterator[LineageRun]:
+    def run(
+        self,
+        job_name: str,
+        run_id: str,
+        *,
+        job_type: str = "JOB",
+        processing: str = "BATCH",
+        parent: tuple[str, str] | None = None,
+        inputs: Datasets | None = None,
+    ) -> Iterator[LineageRun]:
         """Emit START now; then FAIL with the error if the block raises (the error propagates), or
         COMPLETE with what the block set through :meth:`LineageRun.complete`.
 
@@ -133,20 +148,50 @@ class LineageEmitter:
         except BaseException as err:
             self.emit("FAIL", job_name, run_id, inputs=_resolve(inputs), error=err, **common)
             raise
-        self.emit("COMPLETE", job_name, run_id, inputs=_resolve(handle.inputs), outputs=_resolve(handle.outputs),
-                  run_facets=handle.run_facets, **common)
+        self.emit(
+            "COMPLETE",
+            job_name,
+            run_id,
+            inputs=_resolve(handle.inputs),
+            outputs=_resolve(handle.outputs),
+            run_facets=handle.run_facets,
+            **common,
+        )
 
-    def emit(self, event_type: str, job_name: str, run_id: str, *, job_type: str = "JOB",
-             processing: str = "BATCH", parent: tuple[str, str] | None = None,
-             root: tuple[str, str] | None = None, inputs: list[Any] | None = None,
-             outputs: list[Any] | None = None, run_facets: dict[str, Any] | None = None,
-             error: BaseException | None = None, nominal: tuple[str, str | None] | None = None) -> None:
+    def emit(
+        self,
+        event_type: str,
+        job_name: str,
+        run_id: str,
+        *,
+        job_type: str = "JOB",
+        processing: str = "BATCH",
+        parent: tuple[str, str] | None = None,
+        root: tuple[str, str] | None = None,
+        inputs: list[Any] | None = None,
+        outputs: list[Any] | None = None,
+        run_facets: dict[str, Any] | None = None,
+        error: BaseException | None = None,
+        nominal: tuple[str, str | None] | None = None,
+    ) -> None:
         """Emit one RunEvent; ``parent``/``root`` are (job name, run id) in this namespace."""
         if self._client is None:
             return
         try:
-            event = self._event(event_type, job_name, run_id, job_type, processing, parent, root,
-                                inputs, outputs, run_facets, error, nominal)
+            event = self._event(
+                event_type,
+                job_name,
+                run_id,
+                job_type,
+                processing,
+                parent,
+                root,
+                inputs,
+                outputs,
+                run_facets,
+                error,
+                nominal,
+            )
         except Exception as err:
             log.warning("OpenLineage event for %s not built: %s", job_name, err)
             return
@@ -156,22 +201,37 @@ class LineageEmitter:
         def send() -> None:
             try:
                 self._client.emit(event)
-            except BaseException as err:  # noqa: BLE001 - reported below, never raised
+            except BaseException as err:
                 failure.append(err)
             finally:
                 done.set()
 
         threading.Thread(target=send, name="mmlake-lineage", daemon=True).start()
         if not done.wait(self.settings.timeout_s):
-            log.warning("OpenLineage %s event for %s still not sent after %.1fs; going on",
-                        event_type, job_name, self.settings.timeout_s)
+            log.warning(
+                "OpenLineage %s event for %s still not sent after %.1fs; going on",
+                event_type,
+                job_name,
+                self.settings.timeout_s,
+            )
         elif failure:
             log.warning("OpenLineage %s event for %s failed: %s", event_type, job_name, failure[0])
 
-    def _event(self, event_type: str, job_name: str, run_id: str, job_type: str, processing: str,
-               parent: tuple[str, str] | None, root: tuple[str, str] | None, inputs: list[Any] | None,
-               outputs: list[Any] | None, run_facets: dict[str, Any] | None, error: BaseException | None,
-               nominal: tuple[str, str | None] | None) -> Any:
+    def _event(
+        self,
+        event_type: str,
+        job_name: str,
+        run_id: str,
+        job_type: str,
+        processing: str,
+        parent: tuple[str, str] | None,
+        root: tuple[str, str] | None,
+        inputs: list[Any] | None,
+        outputs: list[Any] | None,
+        run_facets: dict[str, Any] | None,
+        error: BaseException | None,
+        nominal: tuple[str, str | None] | None,
+    ) -> Any:
         from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
         from openlineage.client.facet_v2 import (
             error_message_run,
@@ -185,23 +245,29 @@ class LineageEmitter:
 
         facets: dict[str, Any] = dict(run_facets or {})
         facets["processing_engine"] = processing_engine_run.ProcessingEngineRunFacet(
-            version=__version__, name="mmlake", openlineageAdapterVersion=_client_version())
+            version=__version__, name="mmlake", openlineageAdapterVersion=_client_version()
+        )
         if parent is not None:
             root_job, root_run = root or parent
             facets["parent"] = parent_run.ParentRunFacet(
                 run=parent_run.Run(runId=parent[1]),
                 job=parent_run.Job(namespace=self.namespace, name=parent[0]),
-                root=parent_run.Root(run=parent_run.RootRun(runId=root_run),
-                                     job=parent_run.RootJob(namespace=self.namespace, name=root_job)),
+                root=parent_run.Root(
+                    run=parent_run.RootRun(runId=root_run),
+                    job=parent_run.RootJob(namespace=self.namespace, name=root_job),
+                ),
             )
         if nominal is not None:
             facets["nominalTime"] = nominal_time_run.NominalTimeRunFacet(
-                nominalStartTime=nominal[0], nominalEndTime=nominal[1])
+                nominalStartTime=nominal[0], nominalEndTime=nominal[1]
+            )
         if error is not None:
             facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
-                message=str(error) or type(error).__name__, programmingLanguage="python")
-        job_facets: dict[str, Any] = {"jobType": job_type_job.JobTypeJobFacet(
-            processingType=processing, integration="MMLAKE", jobType=job_type)}
+                message=str(error) or type(error).__name__, programmingLanguage="python"
+            )
+        job_facets: dict[str, Any] = {
+            "jobType": job_type_job.JobTypeJobFacet(processingType=processing, integration="MMLAKE", jobType=job_type)
+        }
         return RunEvent(
             eventType=getattr(RunState, event_type),
             eventTime=now_iso(),

@@ -24,11 +24,11 @@ class MmlakeKafkaInputDatasetFacet(InputDatasetFacet):
     """Offsets read per partition and what became of the records (``mmlake_kafka``)."""
 
     partitions: list[dict[str, int]] = attr.field(factory=list)
-    recordsRead: int = 0  # noqa: N815
+    recordsRead: int = 0
     accepted: int = 0
     late: int = 0
     duplicates: int = 0
-    deadLettered: int = 0  # noqa: N815
+    deadLettered: int = 0
 
     @staticmethod
     def _get_schema() -> str:
@@ -63,9 +63,16 @@ def operators_run_facets(operators: list[dict[str, Any]], runtime: dict[str, Any
     models = []
     for op in operators:
         for m in op["models"]:
-            models.append({"name": m["name"], "version": m["version"], "sha256": m["sha256"], "opset": m["opset"],
-                           "ortVersion": runtime["ort_version"],
-                           "executionProvider": m["provider"] or runtime["provider"]})
+            models.append(
+                {
+                    "name": m["name"],
+                    "version": m["version"],
+                    "sha256": m["sha256"],
+                    "opset": m["opset"],
+                    "ortVersion": runtime["ort_version"],
+                    "executionProvider": m["provider"] or runtime["provider"],
+                }
+            )
     return {"mmlake_onnx_operators": MmlakeOnnxOperatorsRunFacet(operators=models)}
 
 
@@ -76,8 +83,15 @@ def drift_run_facets(window_rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in window_rows:
         last[r["metric"]] = r
     chosen = [r for r in window_rows if r["event"] == "raised"] + [r for r in last.values() if r["value"] is not None]
-    windows = [{"windowStart": format_us(r["window_start"]), "windowEnd": format_us(r["window_end"]),
-                "metric": r["metric"], "value": float(r["value"]),
-                "threshold": None if r["threshold"] is None else float(r["threshold"]),
-                "alarm": bool(r["alarm"])} for r in chosen[:FACET_WINDOWS]]
+    windows = [
+        {
+            "windowStart": format_us(r["window_start"]),
+            "windowEnd": format_us(r["window_end"]),
+            "metric": r["metric"],
+            "value": float(r["value"]),
+            "threshold": None if r["threshold"] is None else float(r["threshold"]),
+            "alarm": bool(r["alarm"]),
+        }
+        for r in chosen[:FACET_WINDOWS]
+    ]
     return {"mmlake_drift": MmlakeDriftRunFacet(windows=windows)}

@@ -114,8 +114,9 @@ def _version_adding(uri: str, storage_options: dict[str, str] | None, app_id: st
     return lo
 
 
-def explain_record(lake: str, stream: str, record_id: str,
-                   storage_options: dict[str, str] | None = None) -> dict[str, Any]:
+def explain_record(
+    lake: str, stream: str, record_id: str, storage_options: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Where one record came from and what was made of it: Kafka topic/partition/offset -> raw Delta
     version and the run that wrote it -> operators and features row -> drift windows that covered it."""
     import pyarrow.compute as pc
@@ -129,8 +130,9 @@ def explain_record(lake: str, stream: str, record_id: str,
             continue
         # Filtered after the scan: files rewritten by delta-rs may hold string_view columns, which a
         # dataset filter will not compare with a string.
-        rows = scan(dt, ["record_id", "kafka_topic", "kafka_partition", "kafka_offset", "event_time",
-                         "modality", "sample_id"])
+        rows = scan(
+            dt, ["record_id", "kafka_topic", "kafka_partition", "kafka_offset", "event_time", "modality", "sample_id"]
+        )
         rows = rows.filter(pc.equal(rows.column("record_id"), record_id)).to_pylist()
         if rows:
             row = rows[0]
@@ -156,15 +158,26 @@ def explain_record(lake: str, stream: str, record_id: str,
             continue
         for ds in event.get("outputs") or []:
             ds_version = ((ds.get("facets") or {}).get("version") or {}).get("datasetVersion")
-            if ds["namespace"] == namespace and ds["name"] == name and ds_version is not None \
-                    and version is not None and int(ds_version) >= version:
+            if (
+                ds["namespace"] == namespace
+                and ds["name"] == name
+                and ds_version is not None
+                and version is not None
+                and int(ds_version) >= version
+            ):
                 kafka = [i for i in event.get("inputs") or [] if "mmlake_kafka" in (i.get("inputFacets") or {})]
                 spans = kafka[0]["inputFacets"]["mmlake_kafka"]["partitions"] if kafka else []
-                covers = any(s["partition"] == row["kafka_partition"] and s["firstOffset"] <= row["kafka_offset"]
-                             <= s["lastOffset"] for s in spans)
+                covers = any(
+                    s["partition"] == row["kafka_partition"]
+                    and s["firstOffset"] <= row["kafka_offset"] <= s["lastOffset"]
+                    for s in spans
+                )
                 if covers:
-                    out["written_by"] = {"job": event["job"]["name"], "run_id": event["run"]["runId"],
-                                         "event_time": event["eventTime"]}
+                    out["written_by"] = {
+                        "job": event["job"]["name"],
+                        "run_id": event["run"]["runId"],
+                        "event_time": event["eventTime"],
+                    }
                     break
         if out["written_by"] and out["written_by"]["job"].endswith("ingest-micro-batches"):
             break
@@ -183,8 +196,9 @@ def explain_record(lake: str, stream: str, record_id: str,
     else:
         t = row["event_time"]
         windows = scan(drift).to_pylist()
-        out["drift_windows"] = [w for w in windows if w.get("window_start") is not None
-                                and w["window_start"] <= t <= w["window_end"]]
+        out["drift_windows"] = [
+            w for w in windows if w.get("window_start") is not None and w["window_start"] <= t <= w["window_end"]
+        ]
     return out
 
 
@@ -203,10 +217,17 @@ def format_explain(info: dict[str, Any]) -> list[str]:
         f"  delta: {info['stream']}/{info['table']} version {info['delta_version']}",
     ]
     w = info["written_by"]
-    lines.append(f"  written by: {w['job']} run {w['run_id']} at {w['event_time']}" if w
-                 else "  written by: (no lineage event found)")
-    lines.append("  operators/features: " + ("(no features table yet)" if info["features"] is None
-                                              else f"{info['features']} rows by {info['operators']}"))
-    lines.append("  drift windows: " + ("(no drift table yet)" if info["drift_windows"] is None
-                                        else str(len(info["drift_windows"]))))
+    lines.append(
+        f"  written by: {w['job']} run {w['run_id']} at {w['event_time']}"
+        if w
+        else "  written by: (no lineage event found)"
+    )
+    lines.append(
+        "  operators/features: "
+        + ("(no features table yet)" if info["features"] is None else f"{info['features']} rows by {info['operators']}")
+    )
+    lines.append(
+        "  drift windows: "
+        + ("(no drift table yet)" if info["drift_windows"] is None else str(len(info["drift_windows"])))
+    )
     return lines

@@ -20,14 +20,16 @@ from typing import Any
 import pyarrow as pa
 from openlineage.client.transport import Config, Transport, register_transport
 
-EVENTS_SCHEMA = pa.schema([
-    ("event_time", pa.string()),
-    ("event_type", pa.string()),
-    ("job_namespace", pa.string()),
-    ("job_name", pa.string()),
-    ("run_id", pa.string()),
-    ("event", pa.string()),  # the whole RunEvent, as OpenLineage's JSON
-])
+EVENTS_SCHEMA = pa.schema(
+    [
+        ("event_time", pa.string()),
+        ("event_type", pa.string()),
+        ("job_namespace", pa.string()),
+        ("job_name", pa.string()),
+        ("run_id", pa.string()),
+        ("event", pa.string()),  # the whole RunEvent, as OpenLineage's JSON
+    ]
+)
 
 
 @dataclass
@@ -39,8 +41,10 @@ class DeltaLogConfig(Config):
     def from_dict(cls, params: dict[str, Any]) -> DeltaLogConfig:
         if not params.get("table_uri"):
             raise ValueError("the mmlake_delta transport needs a table_uri")
-        return cls(table_uri=str(params["table_uri"]),
-                   storage_options={str(k): str(v) for k, v in (params.get("storage_options") or {}).items()})
+        return cls(
+            table_uri=str(params["table_uri"]),
+            storage_options={str(k): str(v) for k, v in (params.get("storage_options") or {}).items()},
+        )
 
 
 @register_transport
@@ -58,13 +62,24 @@ class DeltaLogTransport(Transport):
         text = Serde.to_json(event)
         doc = json.loads(text)
         job = doc.get("job") or {}
-        row = pa.table({
-            "event_time": [doc.get("eventTime")], "event_type": [doc.get("eventType")],
-            "job_namespace": [job.get("namespace")], "job_name": [job.get("name")],
-            "run_id": [(doc.get("run") or {}).get("runId")], "event": [text],
-        }, schema=EVENTS_SCHEMA)
-        write_deltalake(self.config.table_uri, row, mode="append",
-                        storage_options=self.config.storage_options or None, name="_lineage.events")
+        row = pa.table(
+            {
+                "event_time": [doc.get("eventTime")],
+                "event_type": [doc.get("eventType")],
+                "job_namespace": [job.get("namespace")],
+                "job_name": [job.get("name")],
+                "run_id": [(doc.get("run") or {}).get("runId")],
+                "event": [text],
+            },
+            schema=EVENTS_SCHEMA,
+        )
+        write_deltalake(
+            self.config.table_uri,
+            row,
+            mode="append",
+            storage_options=self.config.storage_options or None,
+            name="_lineage.events",
+        )
 
 
 def read_events(table_uri: str, storage_options: dict[str, str] | None = None) -> list[dict[str, Any]] | None:

@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 UTC_US = pa.timestamp("us", tz="UTC")
 US_PER_DAY = 86_400_000_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # -- event time ---------------------------------------------------------------------------------
@@ -64,7 +64,8 @@ MAX_EVENT_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
 
 _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
-    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))")
+    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
+)
 
 
 class EventTimeOutOfRange(ValueError):
@@ -100,8 +101,9 @@ def parse_event_time(text: str) -> int:
     else:
         m = _RFC3339.fullmatch(text)
         if m is None:
-            raise ValueError(f"not RFC 3339 (YYYY-MM-DDTHH:MM:SS[.frac](Z|+hh:mm)) or epoch milliseconds: "
-                             f"{text[:64]!r}")
+            raise ValueError(
+                f"not RFC 3339 (YYYY-MM-DDTHH:MM:SS[.frac](Z|+hh:mm)) or epoch milliseconds: {text[:64]!r}"
+            )
         if m.group(6) == "60":
             raise ValueError(f"leap seconds are not supported: {text[:64]!r}")
         try:  # the grammar is RFC 3339's now; fromisoformat checks the calendar and converts
@@ -122,15 +124,16 @@ def to_epoch_us(value: datetime | str | int | None) -> int | None:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise InputError("time bounds need a timezone (naive datetimes are ambiguous)")
-        return (value - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+        return (value - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
     try:
         return parse_event_time(str(value))
     except ValueError as err:
         raise InputError(f"bad time bound: {err}") from None
 
 
-def time_range(start: datetime | str | int, end: datetime | str | int, *,
-               requirement: str = "--from must be before --to") -> tuple[int, int]:
+def time_range(
+    start: datetime | str | int, end: datetime | str | int, *, requirement: str = "--from must be before --to"
+) -> tuple[int, int]:
     """``(lo, hi)`` of a half-open range ``[start, end)``; an :class:`InputError` saying
     ``requirement`` unless both bounds parse and ``start < end``."""
     lo, hi = to_epoch_us(start), to_epoch_us(end)
@@ -145,14 +148,14 @@ def format_us(us: int | None) -> str:
     if us is None:
         return "-"
     try:
-        return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+        return datetime.fromtimestamp(us / 1e6, tz=UTC).isoformat().replace("+00:00", "Z")
     except (OverflowError, ValueError, OSError):
         return f"{us}us"
 
 
 def iso_us(us: int) -> str:
     """``us`` as a fixed-width RFC 3339 timestamp with microseconds (for predicates and metadata)."""
-    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # -- locations ----------------------------------------------------------------------------------
@@ -239,8 +242,14 @@ class StreamTables:
         if existing is not None:
             return existing
         try:
-            return DeltaTable.create(self.uri(table), schema, mode="ignore", partition_by=partition_by or None,
-                                     storage_options=self.options, name=f"{self.stream}.{table}")
+            return DeltaTable.create(
+                self.uri(table),
+                schema,
+                mode="ignore",
+                partition_by=partition_by or None,
+                storage_options=self.options,
+                name=f"{self.stream}.{table}",
+            )
         except DeltaError:
             found = self.open(table)
             if found is None:
@@ -314,7 +323,6 @@ def max_event_app_id(topic: str, partition: int) -> str:
     return app_id("ingest", topic, partition, "max-event-time-us")
 
 
-
 def txn_version(dt: DeltaTable | None, app_id: str) -> int:
     """The version the table's ``txn`` action ``app_id`` holds, -1 when it has none (or no table)."""
     if dt is None:
@@ -332,10 +340,19 @@ def check_snapshot(dt: DeltaTable | None, expect: Mapping[str, int]) -> None:
             raise CommitRaceLost(f"{app_id} is at {current} in the table, this commit was planned at {version}")
 
 
-def commit(target: DeltaTable | str, data: pa.Table, *, txns: Mapping[str, int],
-           expect: Mapping[str, int] | None = None, metadata: Mapping[str, str] | None = None,
-           mode: Literal["append", "overwrite"] = "append", predicate: str | None = None, partition_by: list[str] | None = None,
-           storage_options: dict[str, str] | None = None, name: str | None = None) -> bool:
+def commit(
+    target: DeltaTable | str,
+    data: pa.Table,
+    *,
+    txns: Mapping[str, int],
+    expect: Mapping[str, int] | None = None,
+    metadata: Mapping[str, str] | None = None,
+    mode: Literal["append", "overwrite"] = "append",
+    predicate: str | None = None,
+    partition_by: list[str] | None = None,
+    storage_options: dict[str, str] | None = None,
+    name: str | None = None,
+) -> bool:
     """One Delta commit: ``data`` (appended, or with ``mode="overwrite"`` replacing the table or the
     rows ``predicate`` selects), one ``txn`` action per ``txns`` entry (app id -> new version) and
     ``metadata`` as the commit's custom metadata.
@@ -353,11 +370,15 @@ def commit(target: DeltaTable | str, data: pa.Table, *, txns: Mapping[str, int],
     check_snapshot(dt, expect or {})
     if not txns and data.num_rows == 0:
         return False
-    properties = CommitProperties(app_transactions=[Transaction(app, int(v)) for app, v in txns.items()],
-                                  custom_metadata=dict(metadata or {}))
-    where: dict[str, Any] = {"partition_by": partition_by or None, "commit_properties": properties,
-                             "storage_options": None if dt is not None else (storage_options or None),
-                             "name": None if dt is not None else name}
+    properties = CommitProperties(
+        app_transactions=[Transaction(app, int(v)) for app, v in txns.items()], custom_metadata=dict(metadata or {})
+    )
+    where: dict[str, Any] = {
+        "partition_by": partition_by or None,
+        "commit_properties": properties,
+        "storage_options": None if dt is not None else (storage_options or None),
+        "name": None if dt is not None else name,
+    }
     try:
         if mode == "overwrite":
             write_deltalake(target, data, mode="overwrite", predicate=predicate, **where)

@@ -26,39 +26,66 @@ from mmlake.preprocessing.features import (
     count,
     counter,
     dim,
+    event_time_filter,
     first_per_record,
     isin,
     open_features,
     raw_table,
     runtime_json,
-    event_time_filter,
 )
 from mmlake.preprocessing.registry import OperatorSpec, Registry
 from mmlake.preprocessing.settings import PreprocessSettings
 
 
-def run_backfill(lake: str, stream: str, start: datetime | str | int, end: datetime | str | int,
-                 settings: PreprocessSettings | None = None, *, operator: str | None = None, force: bool = False,
-                 storage_options: dict[str, str] | None = None, registry: Registry | None = None,
-                 run_id: str | None = None,
-                 on_progress: Callable[[int, int], None] | None = None) -> PreprocessSummary:
+def run_backfill(
+    lake: str,
+    stream: str,
+    start: datetime | str | int,
+    end: datetime | str | int,
+    settings: PreprocessSettings | None = None,
+    *,
+    operator: str | None = None,
+    force: bool = False,
+    storage_options: dict[str, str] | None = None,
+    registry: Registry | None = None,
+    run_id: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> PreprocessSummary:
     """Recompute the features of ``start <= event_time < end`` (one predicate overwrite per day of the
     range). With ``operator`` (NAME@VERSION) only that operator's modality, with that operator;
     otherwise every modality with its default operator. ``on_progress(done, total)`` counts raw rows."""
     started = time.monotonic()
     lo, hi = time_range(start, end, requirement="a backfill needs --from before --to")
-    writer = FeatureWriter(lake, stream, settings, storage_options=storage_options, registry=registry,
-                           operators=[operator] if operator else None)
+    writer = FeatureWriter(
+        lake,
+        stream,
+        settings,
+        storage_options=storage_options,
+        registry=registry,
+        operators=[operator] if operator else None,
+    )
     if operator:
         spec = writer.registry.operator(operator)
         writer.specs = {spec.modality: spec}
     writer.open_all()
     summary = PreprocessSummary(stream, operators=writer.describe(), runtime=writer.runtime.as_dict())
     raw_dt = raw_table(writer.tables)
-    metadata = {"mmlake.stream": stream, "mmlake.job": "backfill", "mmlake.run": run_id or "",
-                "mmlake.range": f"{iso_us(lo)}..{iso_us(hi)}", "mmlake.runtime": runtime_json(writer)}
-    keys = isin(scan(raw_dt, ["record_id", "modality", "event_time"],
-                          event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US))), "modality", writer.specs)
+    metadata = {
+        "mmlake.stream": stream,
+        "mmlake.job": "backfill",
+        "mmlake.run": run_id or "",
+        "mmlake.range": f"{iso_us(lo)}..{iso_us(hi)}",
+        "mmlake.runtime": runtime_json(writer),
+    }
+    keys = isin(
+        scan(
+            raw_dt,
+            ["record_id", "modality", "event_time"],
+            event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US)),
+        ),
+        "modality",
+        writer.specs,
+    )
     total, done = keys.num_rows, 0
     if on_progress:
         on_progress(0, total)
@@ -74,8 +101,14 @@ def run_backfill(lake: str, stream: str, start: datetime | str | int, end: datet
                 break
             rows = writer.compute(window)
             try:
-                commit(dt, rows, stream, seen, {**metadata, "mmlake.rows": str(rows.num_rows)},
-                       predicate=_predicate(w_lo, w_hi, writer.specs))
+                commit(
+                    dt,
+                    rows,
+                    stream,
+                    seen,
+                    {**metadata, "mmlake.rows": str(rows.num_rows)},
+                    predicate=_predicate(w_lo, w_hi, writer.specs),
+                )
             except CommitRaceLost:
                 summary.conflicts += 1
                 continue
@@ -83,8 +116,15 @@ def run_backfill(lake: str, stream: str, start: datetime | str | int, end: datet
             break
         else:
             raise CommitConflictError(f"{stream}: lost the features commit race {summary.conflicts} times")
-        done += int(pc.sum(pc.and_(pc.greater_equal(keys.column("event_time"), pa.scalar(w_lo, UTC_US)),
-                                   pc.less(keys.column("event_time"), pa.scalar(w_hi, UTC_US)))).as_py() or 0)
+        done += int(
+            pc.sum(
+                pc.and_(
+                    pc.greater_equal(keys.column("event_time"), pa.scalar(w_lo, UTC_US)),
+                    pc.less(keys.column("event_time"), pa.scalar(w_hi, UTC_US)),
+                )
+            ).as_py()
+            or 0
+        )
         if on_progress:
             on_progress(done, total)
     summary.seconds = time.monotonic() - started
@@ -92,15 +132,21 @@ def run_backfill(lake: str, stream: str, start: datetime | str | int, end: datet
 
 
 def _window(raw_dt: Any, lo: int, hi: int, modalities: list[str]) -> pa.Table:
-    table = isin(scan(raw_dt, PAYLOAD_COLUMNS, event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US))),
-                 "modality", modalities)
+    table = isin(
+        scan(raw_dt, PAYLOAD_COLUMNS, event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US))),
+        "modality",
+        modalities,
+    )
     return first_per_record(table)
 
 
 def _in_range(dt: Any, lo: int, hi: int, specs: dict[str, OperatorSpec]) -> pa.Table:
     """record_id and op_sha256 of the features rows of ``specs`` in [lo, hi)."""
-    rows = scan(dt, ["record_id", "op_name", "op_version", "op_sha256"],
-                     event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US)))
+    rows = scan(
+        dt,
+        ["record_id", "op_name", "op_version", "op_sha256"],
+        event_time_filter(pa.scalar(lo, UTC_US), pa.scalar(hi, UTC_US)),
+    )
     refs = pc.binary_join_element_wise(rows.column("op_name"), rows.column("op_version"), "@")
     mine = pc.is_in(refs, value_set=pa.array([s.ref for s in specs.values()], pa.string()))
     return rows.filter(mine).select(["record_id", "op_sha256"])

@@ -95,8 +95,9 @@ def export_tower(params: dict[str, Any], weights: str | None = None) -> bytes:
     model = _load(str(params["arch"]), int(params.get("seed", 0)), weights)
     buf = io.BytesIO()
     if params["tower"] == "image":
-        size = int(model.visual.image_size[0] if isinstance(model.visual.image_size, tuple)
-                   else model.visual.image_size)
+        size = int(
+            model.visual.image_size[0] if isinstance(model.visual.image_size, tuple) else model.visual.image_size
+        )
         module, example, name, axes = _image_module(model), torch.zeros(1, 3, size, size), "pixels", {0: "batch"}
     elif params["tower"] == "text":
         module, example, name = _text_module(model), torch.zeros(1, 8, dtype=torch.int64), "tokens"
@@ -106,9 +107,16 @@ def export_tower(params: dict[str, Any], weights: str | None = None) -> bytes:
     # Not under no_grad: there nn.MultiheadAttention takes a fused fast path the exporter cannot export.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (example,), buf,  # type: ignore[arg-type]
-                          dynamo=False, opset_version=int(params.get("opset", 18)), input_names=[name], output_names=["embedding"],
-                          dynamic_axes={name: axes, "embedding": {0: "batch"}})
+        torch.onnx.export(
+            module,
+            (example,),
+            buf,  # type: ignore[arg-type]
+            dynamo=False,
+            opset_version=int(params.get("opset", 18)),
+            input_names=[name],
+            output_names=["embedding"],
+            dynamic_axes={name: axes, "embedding": {0: "batch"}},
+        )
     return buf.getvalue()
 
 

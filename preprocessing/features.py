@@ -33,32 +33,35 @@ from mmlake.preprocessing.registry import OperatorSpec, Registry, load_registry
 from mmlake.preprocessing.runtime import RuntimeOptions, resolve
 from mmlake.preprocessing.settings import PreprocessSettings
 
-MODEL_TYPE = pa.struct([("name", pa.string()), ("version", pa.string()), ("sha256", pa.string()),
-                        ("provider", pa.string())])
+MODEL_TYPE = pa.struct(
+    [("name", pa.string()), ("version", pa.string()), ("sha256", pa.string()), ("provider", pa.string())]
+)
 #: The raw columns an operator reads.
 PAYLOAD_COLUMNS = ["record_id", "sample_id", "modality", "event_time", "payload_sha256", "payload"]
 
 
 def features_schema(dim: int) -> pa.Schema:
     """The features table's Arrow schema (Delta stores the embedding as array<float>)."""
-    return pa.schema([
-        ("record_id", pa.string()),
-        ("sample_id", pa.string()),
-        ("modality", pa.string()),
-        ("event_time", UTC_US),
-        ("payload_sha256", pa.string()),
-        ("embedding", pa.list_(pa.float32(), dim)),
-        ("error_code", pa.string()),
-        ("error", pa.string()),
-        ("op_name", pa.string()),
-        ("op_version", pa.string()),
-        ("op_sha256", pa.string()),
-        ("op_models", pa.list_(MODEL_TYPE)),
-        ("ort_version", pa.string()),
-        ("execution_provider", pa.string()),
-        ("encoder_trained", pa.bool_()),
-        ("event_date", pa.date32()),
-    ])
+    return pa.schema(
+        [
+            ("record_id", pa.string()),
+            ("sample_id", pa.string()),
+            ("modality", pa.string()),
+            ("event_time", UTC_US),
+            ("payload_sha256", pa.string()),
+            ("embedding", pa.list_(pa.float32(), dim)),
+            ("error_code", pa.string()),
+            ("error", pa.string()),
+            ("op_name", pa.string()),
+            ("op_version", pa.string()),
+            ("op_sha256", pa.string()),
+            ("op_models", pa.list_(MODEL_TYPE)),
+            ("ort_version", pa.string()),
+            ("execution_provider", pa.string()),
+            ("encoder_trained", pa.bool_()),
+            ("event_date", pa.date32()),
+        ]
+    )
 
 
 def commit_app_id(stream: str) -> str:
@@ -83,20 +86,35 @@ class PreprocessSummary:
 
     def line(self) -> str:
         per = ", ".join(f"{k} {v}" for k, v in sorted(self.by_operator.items())) or "nothing to do"
-        untrained = sorted(op["modality"] for op in self.operators if not op["trained"] and op["name"] in
-                           {k.split("@")[0] for k in self.by_operator})
-        note = (f" ({', '.join(untrained)} encoders UNTRAINED: seeded initialisation, their embeddings carry no "
-                "meaning)") if untrained else ""
-        return (f"{self.stream}: {self.rows} feature rows ({self.errors} with errors) in {self.commits} commits: "
-                f"{per}; {self.runtime.get('provider', '?')}, ORT {self.runtime.get('ort_version', '?')}{note}")
+        untrained = sorted(
+            op["modality"]
+            for op in self.operators
+            if not op["trained"] and op["name"] in {k.split("@")[0] for k in self.by_operator}
+        )
+        note = (
+            (f" ({', '.join(untrained)} encoders UNTRAINED: seeded initialisation, their embeddings carry no meaning)")
+            if untrained
+            else ""
+        )
+        return (
+            f"{self.stream}: {self.rows} feature rows ({self.errors} with errors) in {self.commits} commits: "
+            f"{per}; {self.runtime.get('provider', '?')}, ORT {self.runtime.get('ort_version', '?')}{note}"
+        )
 
 
 class FeatureWriter:
     """Opens a stream's operators and turns raw rows into features rows."""
 
-    def __init__(self, lake: str, stream: str, settings: PreprocessSettings | None = None, *,
-                 storage_options: dict[str, str] | None = None, registry: Registry | None = None,
-                 operators: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        lake: str,
+        stream: str,
+        settings: PreprocessSettings | None = None,
+        *,
+        storage_options: dict[str, str] | None = None,
+        registry: Registry | None = None,
+        operators: Iterable[str] | None = None,
+    ) -> None:
         self.settings = settings or PreprocessSettings()
         self.stream = stream
         self.tables = StreamTables(lake, stream, storage_options or {})
@@ -106,8 +124,9 @@ class FeatureWriter:
             spec = self.registry.operator(ref)
             specs[spec.modality] = spec
         self.specs: dict[str, OperatorSpec] = specs
-        self.runtime: RuntimeOptions = resolve(self.settings.provider, self.settings.threads,
-                                               self.settings.graph_optimization)
+        self.runtime: RuntimeOptions = resolve(
+            self.settings.provider, self.settings.threads, self.settings.graph_optimization
+        )
         self._ops: dict[str, Operator] = {}
 
     def operator(self, modality: str) -> Operator:
@@ -125,11 +144,25 @@ class FeatureWriter:
         out = []
         for modality, spec in sorted(self.specs.items()):
             op = self._ops.get(modality)
-            out.append({"modality": modality, "name": spec.name, "version": spec.version, "sha256": spec.sha256,
-                        "trained": spec.trained,
-                        "models": [{"name": m.name, "version": m.version, "sha256": self.registry.expected_sha256(m),
-                                    "opset": m.opset, "provider": op.providers[i] if op else None}
-                                   for i, m in enumerate(spec.models)]})
+            out.append(
+                {
+                    "modality": modality,
+                    "name": spec.name,
+                    "version": spec.version,
+                    "sha256": spec.sha256,
+                    "trained": spec.trained,
+                    "models": [
+                        {
+                            "name": m.name,
+                            "version": m.version,
+                            "sha256": self.registry.expected_sha256(m),
+                            "opset": m.opset,
+                            "provider": op.providers[i] if op else None,
+                        }
+                        for i, m in enumerate(spec.models)
+                    ],
+                }
+            )
         return out
 
     def compute(self, raw: pa.Table) -> pa.Table:
@@ -167,31 +200,37 @@ def _rows_table(rows: pa.Table, encoded: Any, op: Operator) -> pa.Table:
     ok = np.array([e is None for e in encoded.errors])
     values = pa.array(encoded.embeddings.reshape(-1), type=pa.float32())
     embedding = pa.FixedSizeListArray.from_arrays(values, dim, mask=pa.array(~ok))
-    models = [{"name": m.name, "version": m.version, "sha256": op.model_shas[i], "provider": op.providers[i]}
-              for i, m in enumerate(spec.models)]
+    models = [
+        {"name": m.name, "version": m.version, "sha256": op.model_shas[i], "provider": op.providers[i]}
+        for i, m in enumerate(spec.models)
+    ]
     event_us = rows.column("event_time").cast(UTC_US).cast(pa.int64())
     event_date = pa.array(np.asarray(event_us) // US_PER_DAY, pa.int32()).cast(pa.date32())
-    return pa.table({
-        "record_id": rows.column("record_id"),
-        "sample_id": rows.column("sample_id"),
-        "modality": rows.column("modality"),
-        "event_time": rows.column("event_time").cast(UTC_US),
-        "payload_sha256": rows.column("payload_sha256"),
-        "embedding": embedding,
-        "error_code": pa.array([e[0] if e else None for e in encoded.errors], pa.string()),
-        "error": pa.array([e[1] if e else None for e in encoded.errors], pa.string()),
-        "op_name": pa.array([spec.name] * n, pa.string()),
-        "op_version": pa.array([spec.version] * n, pa.string()),
-        "op_sha256": pa.array([spec.sha256] * n, pa.string()),
-        "op_models": pa.array([models] * n, pa.list_(MODEL_TYPE)),
-        "ort_version": pa.array([op.options.ort_version] * n, pa.string()),
-        "execution_provider": pa.array([op.execution_provider] * n, pa.string()),
-        "encoder_trained": pa.array([spec.trained] * n, pa.bool_()),
-        "event_date": event_date,
-    }, schema=features_schema(dim))
+    return pa.table(
+        {
+            "record_id": rows.column("record_id"),
+            "sample_id": rows.column("sample_id"),
+            "modality": rows.column("modality"),
+            "event_time": rows.column("event_time").cast(UTC_US),
+            "payload_sha256": rows.column("payload_sha256"),
+            "embedding": embedding,
+            "error_code": pa.array([e[0] if e else None for e in encoded.errors], pa.string()),
+            "error": pa.array([e[1] if e else None for e in encoded.errors], pa.string()),
+            "op_name": pa.array([spec.name] * n, pa.string()),
+            "op_version": pa.array([spec.version] * n, pa.string()),
+            "op_sha256": pa.array([spec.sha256] * n, pa.string()),
+            "op_models": pa.array([models] * n, pa.list_(MODEL_TYPE)),
+            "ort_version": pa.array([op.options.ort_version] * n, pa.string()),
+            "execution_provider": pa.array([op.execution_provider] * n, pa.string()),
+            "encoder_trained": pa.array([spec.trained] * n, pa.bool_()),
+            "event_date": event_date,
+        },
+        schema=features_schema(dim),
+    )
 
 
 # -- reading and writing the table ---------------------------------------------------------------
+
 
 def event_time_filter(lo: Any, hi: Any, *, closed: bool = False) -> Any:
     """The dataset filter ``lo <= event_time < hi`` (``<= hi`` when ``closed``)."""
@@ -227,14 +266,22 @@ def raw_table(tables: StreamTables) -> Any:
     return raw
 
 
-def commit(dt: Any, data: pa.Table, stream: str, seen: int, metadata: dict[str, str],
-           predicate: str | None = None) -> None:
+def commit(
+    dt: Any, data: pa.Table, stream: str, seen: int, metadata: dict[str, str], predicate: str | None = None
+) -> None:
     """Append (or, with a predicate, replace) ``data`` and move the stream's counter from ``seen`` to
     seen + 1, in one commit; :class:`~mmlake.errors.CommitRaceLost` when another writer moved it first."""
     app = commit_app_id(stream)
-    lake_commit(dt, data, txns={app: seen + 1}, expect={app: seen}, metadata=metadata,
-                mode="append" if predicate is None else "overwrite", predicate=predicate,
-                partition_by=["event_date"])
+    lake_commit(
+        dt,
+        data,
+        txns={app: seen + 1},
+        expect={app: seen},
+        metadata=metadata,
+        mode="append" if predicate is None else "overwrite",
+        predicate=predicate,
+        partition_by=["event_date"],
+    )
 
 
 def counter(dt: Any, stream: str) -> int:
@@ -249,13 +296,15 @@ def dim(writer: FeatureWriter) -> int:
 
 def check_hashes(done: pa.Table, specs: dict[str, OperatorSpec]) -> None:
     for spec in specs.values():
-        mine = done.filter(pc.and_(pc.equal(done.column("op_name"), spec.name),
-                                   pc.equal(done.column("op_version"), spec.version)))
+        mine = done.filter(
+            pc.and_(pc.equal(done.column("op_name"), spec.name), pc.equal(done.column("op_version"), spec.version))
+        )
         others = set(pc.unique(mine.column("op_sha256")).to_pylist()) - {spec.sha256}
         if others:
             raise OperatorIntegrityError(
                 f"features rows of {spec.ref} were made by operator bytes with SHA-256 {sorted(others)[0][:16]}..., "
-                f"this run's {spec.ref} is {spec.sha256[:16]}...: its bytes changed without a new version")
+                f"this run's {spec.ref} is {spec.sha256[:16]}...: its bytes changed without a new version"
+            )
 
 
 def count(summary: PreprocessSummary, rows: pa.Table) -> None:

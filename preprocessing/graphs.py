@@ -29,8 +29,9 @@ def _const(name: str, value: Any, dtype: Any) -> Any:
 def _model(graph: Any, opset: int, version: str) -> bytes:
     from onnx import checker, helper
 
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              producer_name=PRODUCER, producer_version=version)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name=PRODUCER, producer_version=version
+    )
     model.ir_version = IR_VERSION
     checker.check_model(model, full_check=True)
     return model.SerializeToString(deterministic=True)
@@ -61,8 +62,16 @@ def image_preprocess(params: dict[str, Any]) -> bytes:
         n("Cast", ["image"], ["as_float"], to=TensorProto.FLOAT),
         n("Transpose", ["as_float"], ["chw"], perm=[2, 0, 1]),
         n("Unsqueeze", ["chw", "i0"], ["nchw"]),
-        n("Resize", ["nchw", "", "", "sizes"], ["resized"], mode="cubic", antialias=1, cubic_coeff_a=-0.5,
-          coordinate_transformation_mode="half_pixel", exclude_outside=1),
+        n(
+            "Resize",
+            ["nchw", "", "", "sizes"],
+            ["resized"],
+            mode="cubic",
+            antialias=1,
+            cubic_coeff_a=-0.5,
+            coordinate_transformation_mode="half_pixel",
+            exclude_outside=1,
+        ),
         n("Round", ["resized"], ["rounded"]),
         n("Clip", ["rounded", "f0", "f255"], ["levels"]),
         n("Sub", ["new_hw", "size"], ["excess"]),
@@ -77,14 +86,21 @@ def image_preprocess(params: dict[str, Any]) -> bytes:
         n("Div", ["centred", "std"], ["pixels"]),
     ]
     inits = [
-        _const("i0", [0], np.int64), _const("i1", [1], np.int64), _const("i2", [2], np.int64),
-        _const("i3", [3], np.int64), _const("size", [size], np.int64), _const("axes_hw", [2, 3], np.int64),
-        _const("f0", 0.0, np.float32), _const("f2", 2.0, np.float32), _const("f255", 255.0, np.float32),
+        _const("i0", [0], np.int64),
+        _const("i1", [1], np.int64),
+        _const("i2", [2], np.int64),
+        _const("i3", [3], np.int64),
+        _const("size", [size], np.int64),
+        _const("axes_hw", [2, 3], np.int64),
+        _const("f0", 0.0, np.float32),
+        _const("f2", 2.0, np.float32),
+        _const("f255", 255.0, np.float32),
         _const("mean", np.reshape(CLIP_MEAN, (1, 3, 1, 1)), np.float32),
         _const("std", np.reshape(CLIP_STD, (1, 3, 1, 1)), np.float32),
     ]
     graph = helper.make_graph(
-        nodes, "image_preprocess",
+        nodes,
+        "image_preprocess",
         [helper.make_tensor_value_info("image", TensorProto.UINT8, ["height", "width", 3])],
         [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [1, 3, size, size])],
         inits,
@@ -95,6 +111,7 @@ def image_preprocess(params: dict[str, Any]) -> bytes:
 def mel_filter_bank(sample_rate: int, n_fft: int, n_mels: int, f_min: float, f_max: float) -> np.ndarray:
     """Triangular filters on the HTK mel scale (mel = 2595 log10(1 + f / 700)), [n_fft // 2 + 1, n_mels],
     each filter's peak 1 (no area normalisation)."""
+
     def to_mel(f: np.ndarray) -> np.ndarray:
         return 2595.0 * np.log10(1.0 + f / 700.0)
 
@@ -129,11 +146,16 @@ def audio_logmel(params: dict[str, Any]) -> bytes:
         n("Log", ["floored"], ["logmel"]),
     ]
     inits = [
-        _const("axis_last", [-1], np.int64), _const("hop", hop, np.int64), _const("n_fft", n_fft, np.int64),
-        _const("window", window, np.float32), _const("mel", mel, np.float32), _const("floor", 1e-10, np.float32),
+        _const("axis_last", [-1], np.int64),
+        _const("hop", hop, np.int64),
+        _const("n_fft", n_fft, np.int64),
+        _const("window", window, np.float32),
+        _const("mel", mel, np.float32),
+        _const("floor", 1e-10, np.float32),
     ]
     graph = helper.make_graph(
-        nodes, "audio_logmel",
+        nodes,
+        "audio_logmel",
         [helper.make_tensor_value_info("waveform", TensorProto.FLOAT, [1, "samples"])],
         [helper.make_tensor_value_info("logmel", TensorProto.FLOAT, [1, "frames", n_mels])],
         inits,
@@ -162,7 +184,8 @@ def audio_embed(params: dict[str, Any]) -> bytes:
     ]
     inits = [_const("axis_time", [1], np.int64), _const("weights", weights, np.float32)]
     graph = helper.make_graph(
-        nodes, "audio_embed",
+        nodes,
+        "audio_embed",
         [helper.make_tensor_value_info("logmel", TensorProto.FLOAT, [1, "frames", n_mels])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, dim])],
         inits,

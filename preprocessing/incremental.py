@@ -27,32 +27,45 @@ from mmlake.preprocessing.features import (
     count,
     counter,
     dim,
+    event_time_filter,
     first_per_record,
     isin,
     open_features,
     raw_table,
     runtime_json,
-    event_time_filter,
 )
 from mmlake.preprocessing.registry import OperatorSpec, Registry
 from mmlake.preprocessing.settings import PreprocessSettings
 
 
-def run_preprocess(lake: str, stream: str, settings: PreprocessSettings | None = None, *,
-                   storage_options: dict[str, str] | None = None, registry: Registry | None = None,
-                   operators: Iterable[str] | None = None, max_rows: int | None = None,
-                   run_id: str | None = None, writer: FeatureWriter | None = None,
-                   on_commit: Callable[[PreprocessSummary], None] | None = None,
-                   stop: threading.Event | None = None) -> PreprocessSummary:
+def run_preprocess(
+    lake: str,
+    stream: str,
+    settings: PreprocessSettings | None = None,
+    *,
+    storage_options: dict[str, str] | None = None,
+    registry: Registry | None = None,
+    operators: Iterable[str] | None = None,
+    max_rows: int | None = None,
+    run_id: str | None = None,
+    writer: FeatureWriter | None = None,
+    on_commit: Callable[[PreprocessSummary], None] | None = None,
+    stop: threading.Event | None = None,
+) -> PreprocessSummary:
     """Compute the features rows the stream is missing for its operators (see the module docstring)."""
     started = time.monotonic()
-    writer = writer or FeatureWriter(lake, stream, settings, storage_options=storage_options,
-                                     registry=registry, operators=operators)
+    writer = writer or FeatureWriter(
+        lake, stream, settings, storage_options=storage_options, registry=registry, operators=operators
+    )
     writer.open_all()
     summary = PreprocessSummary(stream, operators=writer.describe(), runtime=writer.runtime.as_dict())
     raw_dt = raw_table(writer.tables)
-    metadata = {"mmlake.stream": stream, "mmlake.job": "preprocess", "mmlake.run": run_id or "",
-                "mmlake.runtime": runtime_json(writer)}
+    metadata = {
+        "mmlake.stream": stream,
+        "mmlake.job": "preprocess",
+        "mmlake.run": run_id or "",
+        "mmlake.runtime": runtime_json(writer),
+    }
     retries = writer.settings.commit_retries
     remaining = max_rows
     while True:
@@ -77,7 +90,9 @@ def run_preprocess(lake: str, stream: str, settings: PreprocessSettings | None =
         except CommitRaceLost:
             summary.conflicts += 1
             if summary.conflicts > retries:
-                raise CommitConflictError(f"{stream}: lost the features commit race {summary.conflicts} times") from None
+                raise CommitConflictError(
+                    f"{stream}: lost the features commit race {summary.conflicts} times"
+                ) from None
             time.sleep(min(0.05 * summary.conflicts, 1.0))
             continue
         break
@@ -92,8 +107,9 @@ def _pending(raw_dt: Any, dt: Any, specs: dict[str, OperatorSpec]) -> pa.Table:
     check_hashes(done, specs)
     done_ids: set[tuple[str, str]] = set()
     names = {f"{s.name}@{s.version}": m for m, s in specs.items()}
-    for rid, name, version in zip(done.column("record_id").to_pylist(), done.column("op_name").to_pylist(),
-                                  done.column("op_version").to_pylist()):
+    for rid, name, version in zip(
+        done.column("record_id").to_pylist(), done.column("op_name").to_pylist(), done.column("op_version").to_pylist()
+    ):
         modality = names.get(f"{name}@{version}")
         if modality is not None:
             done_ids.add((rid, modality))
@@ -112,5 +128,3 @@ def _payloads(raw_dt: Any, chunk: pa.Table) -> pa.Table:
     times = chunk.column("event_time")
     table = scan(raw_dt, PAYLOAD_COLUMNS, event_time_filter(pc.min(times), pc.max(times), closed=True))
     return first_per_record(isin(table, "record_id", chunk.column("record_id").to_pylist()))
-
-

@@ -114,8 +114,10 @@ class ImageOperator(Operator):
         try:
             with Image.open(io.BytesIO(payload)) as img:
                 if img.width * img.height > limit:
-                    raise RowError(IMAGE_TOO_LARGE, f"image of {img.width}x{img.height} pixels is over the "
-                                                    f"operator's limit of {limit}")
+                    raise RowError(
+                        IMAGE_TOO_LARGE,
+                        f"image of {img.width}x{img.height} pixels is over the operator's limit of {limit}",
+                    )
                 pixels = np.asarray(img.convert("RGB"), dtype=np.uint8)
         except RowError:
             raise
@@ -143,7 +145,8 @@ class TextOperator(Operator):
         if digest != spec.params["vocab_sha256"]:
             raise OperatorIntegrityError(
                 f"tokeniser vocabulary {vocab} has SHA-256 {digest[:16]}..., operator {spec.ref} pins "
-                f"{str(spec.params['vocab_sha256'])[:16]}...: refusing to run it")
+                f"{str(spec.params['vocab_sha256'])[:16]}...: refusing to run it"
+            )
         self.context = int(spec.params.get("context_length", 77))
         self.form: Any = str(spec.params.get("normalization", "NFC"))  # NFC, NFD, NFKC or NFKD
         self.tokenizer = SimpleTokenizer(bpe_path=str(vocab), context_length=self.context)
@@ -185,8 +188,10 @@ class AudioOperator(Operator):
         if samples.size == 0:
             raise RowError(AUDIO_EMPTY, "the WAV holds no samples")
         if samples.size / source_rate > longest:
-            raise RowError(AUDIO_TOO_LONG, f"audio of {samples.size / source_rate:.1f} s is over the operator's "
-                                           f"limit of {longest:g} s")
+            raise RowError(
+                AUDIO_TOO_LONG,
+                f"audio of {samples.size / source_rate:.1f} s is over the operator's limit of {longest:g} s",
+            )
         signal = resample(samples, source_rate, rate)
         n_fft = int(self.spec.params["n_fft"])
         if signal.size < n_fft:

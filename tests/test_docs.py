@@ -16,8 +16,17 @@ from mmlake.settings import LakeSettings, Settings
 ROOT = Path(__file__).parents[1]
 
 
-@pytest.mark.parametrize(("model", "prefix"), [(LakeSettings, "MMLAKE_"), (IngestSettings, "MMLAKE_"), (CacheSettings, "MMLAKE_CACHE_"), (LineageSettings, "MMLAKE_LINEAGE_"),
-                                                (PreprocessSettings, "MMLAKE_PREPROCESS_"), (DriftSettings, "MMLAKE_DRIFT_")])
+@pytest.mark.parametrize(
+    ("model", "prefix"),
+    [
+        (LakeSettings, "MMLAKE_"),
+        (IngestSettings, "MMLAKE_"),
+        (CacheSettings, "MMLAKE_CACHE_"),
+        (LineageSettings, "MMLAKE_LINEAGE_"),
+        (PreprocessSettings, "MMLAKE_PREPROCESS_"),
+        (DriftSettings, "MMLAKE_DRIFT_"),
+    ],
+)
 def test_every_setting_is_documented_with_its_default(model, prefix) -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
     for name, field in model.model_fields.items():
@@ -28,7 +37,8 @@ def test_every_setting_is_documented_with_its_default(model, prefix) -> None:
         row = next(line for line in text.splitlines() if line.startswith(f"| `{variable}`"))
         shown = "{}" if default == {} else str(default)
         assert f"`{shown}`" in row or (isinstance(default, float) and f"`{default:g}`" in row), (
-            f"{variable}: default {default!r} not shown in its row")
+            f"{variable}: default {default!r} not shown in its row"
+        )
 
 
 def test_readme_names_the_two_commands() -> None:

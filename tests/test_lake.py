@@ -4,7 +4,7 @@ against real Delta tables."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
@@ -37,14 +37,18 @@ def test_days_cut_at_utc_midnights_and_cover_the_range() -> None:
     lo = 3 * US_PER_DAY - 5
     hi = 5 * US_PER_DAY + 7
     parts = days(lo, hi)
-    assert parts == [(lo, 3 * US_PER_DAY), (3 * US_PER_DAY, 4 * US_PER_DAY), (4 * US_PER_DAY, 5 * US_PER_DAY),
-                     (5 * US_PER_DAY, hi)]
+    assert parts == [
+        (lo, 3 * US_PER_DAY),
+        (3 * US_PER_DAY, 4 * US_PER_DAY),
+        (4 * US_PER_DAY, 5 * US_PER_DAY),
+        (5 * US_PER_DAY, hi),
+    ]
     assert days(hi, hi) == []
     assert day_of(-1) == -1 and day_of(0) == 0  # before 1970 is the day before, as Arrow's date32 has it
 
 
 def test_times_parse_and_format_as_rfc3339() -> None:
-    instant = datetime(2026, 1, 2, 3, 4, 5, 600_000, tzinfo=timezone.utc)
+    instant = datetime(2026, 1, 2, 3, 4, 5, 600_000, tzinfo=UTC)
     us = int(instant.timestamp()) * 1_000_000 + 600_000
     assert parse_event_time("2026-01-02T03:04:05.6Z") == us
     assert parse_event_time(str(us // 1000)) == us
@@ -53,8 +57,10 @@ def test_times_parse_and_format_as_rfc3339() -> None:
     assert format_us(None) == "-"
     # Never raises, even for an instant datetime cannot hold (formatting runs after commits).
     assert format_us(10**20) == f"{10**20}us"
-    assert time_range("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z") == (us - us % US_PER_DAY - US_PER_DAY,
-                                                                           us - us % US_PER_DAY)
+    assert time_range("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z") == (
+        us - us % US_PER_DAY - US_PER_DAY,
+        us - us % US_PER_DAY,
+    )
     with pytest.raises(InputError, match=r"--from must be before --to \(got 2000 .. 1000\)"):
         time_range("2000", "1000")
     with pytest.raises(InputError, match="bad time bound"):
@@ -109,8 +115,15 @@ def test_a_commit_may_create_its_table_and_replace_by_predicate(tmp_path) -> Non
     assert commit(tables.uri("new"), _rows(1, 2, 3), txns={APP: 0}, expect={APP: -1}, name="s.new")
     dt = tables.open("new")
     assert dt is not None and dt.metadata().name == "s.new" and txn_version(dt, APP) == 0
-    commit(dt, _rows(20), txns={APP: 1}, expect={APP: 0}, mode="overwrite", predicate="v >= 2",
-           metadata={"state": json.dumps({"n": 1})})
+    commit(
+        dt,
+        _rows(20),
+        txns={APP: 1},
+        expect={APP: 0},
+        mode="overwrite",
+        predicate="v >= 2",
+        metadata={"state": json.dumps({"n": 1})},
+    )
     assert sorted(DeltaTable(tables.uri("new")).to_pyarrow_table().column("v").to_pylist()) == [1, 20]
 
 

@@ -21,12 +21,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = {"ingest": "ingest", "preprocessing": "preprocessing", "lineage": "lineage", "cache": "cache",
-            "flows": "flows"}
+PACKAGES = {
+    "ingest": "ingest",
+    "preprocessing": "preprocessing",
+    "lineage": "lineage",
+    "cache": "cache",
+    "flows": "flows",
+}
 BARE = set(PACKAGES)
 #: package -> the project packages its modules may import (besides itself and the ground floor).
-ALLOWED = {"ingest": set(), "preprocessing": set(), "lineage": set(), "cache": set(),
-           "flows": {"ingest", "preprocessing", "lineage", "cache"}}
+ALLOWED = {
+    "ingest": set(),
+    "preprocessing": set(),
+    "lineage": set(),
+    "cache": set(),
+    "flows": {"ingest", "preprocessing", "lineage", "cache"},
+}
 GROUND = {"mmlake", "mmlake.errors", "mmlake.lake", "mmlake.settings"}
 
 
@@ -72,11 +82,17 @@ def test_only_the_mmlake_root_is_installed(tmp_path: Path) -> None:
     """From a directory outside the repository, ``import cache`` fails and ``import mmlake.cache`` works."""
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
     for name in sorted(BARE):
-        bare = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, env=env,
-                              capture_output=True, text=True)
+        bare = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
         assert bare.returncode != 0 and "ModuleNotFoundError" in bare.stderr, f"`import {name}` works"
-        rooted = subprocess.run([sys.executable, "-c", f"import mmlake.{name} as m; print(m.__name__)"],
-                                cwd=tmp_path, env=env, capture_output=True, text=True)
+        rooted = subprocess.run(
+            [sys.executable, "-c", f"import mmlake.{name} as m; print(m.__name__)"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert rooted.returncode == 0, rooted.stderr
         assert rooted.stdout.strip() == f"mmlake.{name}"
 
@@ -103,9 +119,10 @@ def test_imports_go_downwards_only(package: str) -> None:
             owner = _owner(module)
             if owner is None:
                 continue
-            if me == "ground" and module not in GROUND and not module.startswith(tuple(f"{g}." for g in GROUND)):
-                offenders.append(f"{path.relative_to(ROOT)}:{line}: {module}")
-            elif owner not in allowed:
+            upward_from_ground = (
+                me == "ground" and module not in GROUND and not module.startswith(tuple(f"{g}." for g in GROUND))
+            )
+            if upward_from_ground or owner not in allowed:
                 offenders.append(f"{path.relative_to(ROOT)}:{line}: {module}")
     assert not offenders, f"{package} imports upwards or sideways:\n" + "\n".join(offenders)
 
@@ -134,8 +151,10 @@ def _import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 wanted = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                wanted = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in names else node.module
-                          for alias in node.names]
+                wanted = [
+                    f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in names else node.module
+                    for alias in node.names
+                ]
             else:
                 continue
             for module in wanted:
@@ -171,7 +190,15 @@ def test_no_module_imports_itself_back_through_others() -> None:
 
 def test_the_project_speaks_for_itself() -> None:
     """README, docs and the library never send users to the design folder beside the repository."""
-    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *_python_files("mmlake", *PACKAGES),
-             *_python_files("examples", "bench"), ROOT / "flows" / "prefect.yaml", ROOT / "pyproject.toml"]
-    offenders = [str(p.relative_to(ROOT)) for p in files if "../shared" in p.read_text() or "shared/design" in p.read_text()]
+    files = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *_python_files("mmlake", *PACKAGES),
+        *_python_files("examples", "bench"),
+        ROOT / "flows" / "prefect.yaml",
+        ROOT / "pyproject.toml",
+    ]
+    offenders = [
+        str(p.relative_to(ROOT)) for p in files if "../shared" in p.read_text() or "shared/design" in p.read_text()
+    ]
     assert not offenders, f"these point at ../shared: {offenders}"

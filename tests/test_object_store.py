@@ -30,27 +30,37 @@ def _assert_exactly_once(settings: IngestSettings, exp: Expected) -> None:
     assert Counter(r["record_id"] for r in _rows(settings, "raw", ["record_id"])) == exp.raw_ids
     assert Counter(r["record_id"] for r in _rows(settings, "late", ["record_id"])) == exp.late_ids
     assert len(_rows(settings, "dlq", ["kafka_offset"])) == exp.dlq
-    positions = [(r["kafka_partition"], r["kafka_offset"]) for t in ("raw", "late", "dlq")
-                 for r in _rows(settings, t, ["kafka_partition", "kafka_offset"])]
+    positions = [
+        (r["kafka_partition"], r["kafka_offset"])
+        for t in ("raw", "late", "dlq")
+        for r in _rows(settings, t, ["kafka_partition", "kafka_offset"])
+    ]
     assert len(set(positions)) == len(positions)
     assert len(positions) + exp.duplicates == exp.sent
 
 
 def _env(settings: IngestSettings, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMLAKE_")}
-    env.update(MMLAKE_LAKE=settings.lake, MMLAKE_STORAGE_OPTIONS=json.dumps(dict(settings.storage_options)),
-               MMLAKE_KAFKA_BOOTSTRAP=settings.kafka_bootstrap, MMLAKE_ALLOWED_LATENESS_S="120",
-               MMLAKE_BATCH_MAX_RECORDS="7")
+    env.update(
+        MMLAKE_LAKE=settings.lake,
+        MMLAKE_STORAGE_OPTIONS=json.dumps(dict(settings.storage_options)),
+        MMLAKE_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        MMLAKE_ALLOWED_LATENESS_S="120",
+        MMLAKE_BATCH_MAX_RECORDS="7",
+    )
     env.update(extra)
     return env
 
 
-RUN = ("import sys; from mmlake.ingest import IngestSettings, run_ingest; "
-       "print(run_ingest(sys.argv[1], 's', IngestSettings()).line())")
+RUN = (
+    "import sys; from mmlake.ingest import IngestSettings, run_ingest; "
+    "print(run_ingest(sys.argv[1], 's', IngestSettings()).line())"
+)
 
 
 def test_ingest_into_s3_is_exactly_once_and_its_lineage_is_kept_there(
-        prefect_harness, producer, new_topic, s3_settings, default_lineage, capsys, monkeypatch) -> None:
+    prefect_harness, producer, new_topic, s3_settings, default_lineage, capsys, monkeypatch
+) -> None:
     from mmlake.flows.cli import main
     from mmlake.flows.ingest import ingest_stream
 
@@ -61,9 +71,15 @@ def test_ingest_into_s3_is_exactly_once_and_its_lineage_is_kept_there(
     settings = s3_settings.with_overrides(allowed_lateness_s=120)
     # Settings as a deployment passes them (JSON, no credentials): validated on the "worker", whose
     # environment gives the rest.
-    first = ingest_stream(topic=topic, stream="s", settings={"lake": settings.lake,  # type: ignore[arg-type]
-                                                             "kafka_bootstrap": settings.kafka_bootstrap,
-                                                             "allowed_lateness_s": 120})
+    first = ingest_stream(
+        topic=topic,
+        stream="s",
+        settings={
+            "lake": settings.lake,  # type: ignore[arg-type]
+            "kafka_bootstrap": settings.kafka_bootstrap,
+            "allowed_lateness_s": 120,
+        },
+    )
     assert first.accepted == sum(exp.raw_ids.values())
     again = run_ingest(topic, "s", settings)
     assert (again.accepted, again.batches) == (0, 0)
@@ -91,12 +107,24 @@ def test_two_writers_and_a_kill_on_s3_stay_exactly_once(producer, new_topic, s3_
     topic = new_topic(partitions=2)
     exp = produce_mixed(producer, topic, partitions=2, per_partition=60)
     # Killed inside its second batch, between commits; then two writers race for the rest.
-    killed = subprocess.run([sys.executable, "-c", RUN, topic],
-                            env=_env(s3_settings, MMLAKE_FAULT_KILL_AT="after_commit:raw:2"),
-                            capture_output=True, text=True, timeout=180)
+    killed = subprocess.run(
+        [sys.executable, "-c", RUN, topic],
+        env=_env(s3_settings, MMLAKE_FAULT_KILL_AT="after_commit:raw:2"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    procs = [subprocess.Popen([sys.executable, "-c", RUN, topic], env=_env(s3_settings), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RUN, topic],
+            env=_env(s3_settings),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     for proc in procs:
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
@@ -114,8 +142,14 @@ def test_preprocess_drift_backfill_and_cache_warmup_on_s3(broker, new_topic, s3_
     start_ms = 1_767_225_600_000
     with MultimodalProducer(broker.bootstrap) as producer:
         for part in synth.samples(60, start_ms=start_ms, span_ms=3_600_000, seed=3, image_size=32):
-            producer.send(topic, part.payload, part.modality, event_time=part.event_time_ms,
-                          sample_id=part.sample_id, content_type=part.content_type)
+            producer.send(
+                topic,
+                part.payload,
+                part.modality,
+                event_time=part.event_time_ms,
+                sample_id=part.sample_id,
+                content_type=part.content_type,
+            )
     ingested = run_ingest(topic, "s", s3_settings)
     options = dict(s3_settings.storage_options)
     features = run_preprocess(s3_settings.lake, "s", storage_options=options)
@@ -126,24 +160,31 @@ def test_preprocess_drift_backfill_and_cache_warmup_on_s3(broker, new_topic, s3_
     assert drift.windows > 0 and drift.rows > 0
     assert run_drift(s3_settings.lake, "s", drift_settings, storage_options=options).rows == 0
     version = DeltaTable(f"{s3_settings.lake}/s/features", storage_options=options).version()
-    redo = run_backfill(s3_settings.lake, "s", "2026-01-01T00:00:00Z", "2026-01-01T00:30:00Z", force=True,
-                        storage_options=options)
+    redo = run_backfill(
+        s3_settings.lake, "s", "2026-01-01T00:00:00Z", "2026-01-01T00:30:00Z", force=True, storage_options=options
+    )
     assert redo.rows > 0 and redo.commits == 1
-    rerun = run_backfill(s3_settings.lake, "s", "2026-01-01T00:00:00Z", "2026-01-01T00:30:00Z",
-                         storage_options=options)
+    rerun = run_backfill(s3_settings.lake, "s", "2026-01-01T00:00:00Z", "2026-01-01T00:30:00Z", storage_options=options)
     assert rerun.rows == 0 and rerun.skipped_ranges == 1
     assert DeltaTable(f"{s3_settings.lake}/s/features", storage_options=options).version() == version + 1
     keyed, versions = precompute_keys(s3_settings.lake, "s", storage_options=options)
     assert keyed == features.rows and len(versions) == 2  # image rows are 1280 wide, text and audio 384
     assert precompute_keys(s3_settings.lake, "s", storage_options=options)[0] == 0
     assert new_drift_alarm(s3_settings.lake, "s", storage_options=options) is bool(
-        [r for r in _rows(s3_settings, "drift", ["alarm"]) if r["alarm"]])
+        [r for r in _rows(s3_settings, "drift", ["alarm"]) if r["alarm"]]
+    )
 
 
 def test_a_durable_broker_killed_mid_stream_loses_nothing(s3_server, s3_bucket, tmp_path) -> None:
     bucket = s3_bucket()
-    aws = {"AWS_ENDPOINT": s3_server, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
+    aws = {
+        "AWS_ENDPOINT": s3_server,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+    }
     first = EmbeddedBroker(storage=f"s3://{bucket}/", env=aws).start()
     port = first.port
     settings = IngestSettings(lake=str(tmp_path / "lake"), kafka_bootstrap=first.bootstrap, batch_max_records=10)
@@ -172,6 +213,7 @@ def test_a_durable_broker_killed_mid_stream_loses_nothing(s3_server, s3_bucket, 
             total += run_ingest("durable", "s", settings).accepted
     finally:
         second.stop()
-    payloads = sorted(r["payload"] for r in DeltaTable(f"{settings.lake}/s/raw").to_pyarrow_table(
-        columns=["payload"]).to_pylist())
+    payloads = sorted(
+        r["payload"] for r in DeltaTable(f"{settings.lake}/s/raw").to_pyarrow_table(columns=["payload"]).to_pylist()
+    )
     assert payloads == sorted(f"r{i}".encode() for i in range(60))

@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except Exception as err:  # noqa: BLE001 - the one-line promise holds for what nobody foresaw, too
+    except Exception as err:
         if os.environ.get("MMLAKE_DEBUG"):
             raise
         print(f"mmlake: error: {one_line(err)} (MMLAKE_DEBUG=1 shows the traceback)", file=sys.stderr)

@@ -15,9 +15,12 @@ if TYPE_CHECKING:
 def register(commands: Commands) -> None:
     p = commands.add_parser("broker", help="run the embedded Kafka-compatible broker (in memory, or durable on S3)")
     p.add_argument("--port", type=port, default=9092)
-    p.add_argument("--storage", default="memory://",
-                   help="memory:// (default: a restart forgets the topics) or s3://BUCKET/ (the log survives "
-                        "restarts; AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION as usual)")
+    p.add_argument(
+        "--storage",
+        default="memory://",
+        help="memory:// (default: a restart forgets the topics) or s3://BUCKET/ (the log survives "
+        "restarts; AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION as usual)",
+    )
     p.set_defaults(func=broker)
 
     p = commands.add_parser("produce", help="produce a folder of files or a JSONL manifest into a topic")
@@ -52,7 +55,8 @@ def produce(args: argparse.Namespace) -> int:
     from mmlake.ingest.producer import produce_path
 
     settings = ingest_settings(args, writes=False)
-    sent = produce_path(args.path, args.topic, settings.kafka_bootstrap, partitions=args.partitions,
-                        timeout_s=settings.kafka_timeout_s)
+    sent = produce_path(
+        args.path, args.topic, settings.kafka_bootstrap, partitions=args.partitions, timeout_s=settings.kafka_timeout_s
+    )
     print(f"produced {sent} records to {args.topic} at {settings.kafka_bootstrap}")
     return 0

@@ -31,8 +31,11 @@ def register(commands: Commands) -> None:
     p.add_argument("--max-records", type=positive_int, help="stop after reading this many records")
     p.add_argument("--partitions", type=partitions, help="only these partitions, e.g. 0,2 (default: all)")
     p.add_argument("--allowed-lateness", type=non_negative_float, metavar="SECONDS")
-    p.add_argument("--kafka-client", choices=["kafka-python", "confluent-kafka"],
-                   help="the client to read with (default: $MMLAKE_KAFKA_CLIENT or confluent-kafka)")
+    p.add_argument(
+        "--kafka-client",
+        choices=["kafka-python", "confluent-kafka"],
+        help="the client to read with (default: $MMLAKE_KAFKA_CLIENT or confluent-kafka)",
+    )
     p.set_defaults(func=ingest)
 
     p = commands.add_parser("compact", help="z-order a stream's tables by event time, checkpoint and vacuum")
@@ -62,8 +65,15 @@ def ingest(args: argparse.Namespace) -> int:
     check_partitions(settings, args.topic, args.partitions)
     from mmlake.flows.ingest import ingest_stream
 
-    summary = ingest_stream(topic=args.topic, stream=args.stream, settings=settings, partitions=args.partitions,
-                            follow=args.follow, max_records=args.max_records, cancel=cancel_on_signals())
+    summary = ingest_stream(
+        topic=args.topic,
+        stream=args.stream,
+        settings=settings,
+        partitions=args.partitions,
+        follow=args.follow,
+        max_records=args.max_records,
+        cancel=cancel_on_signals(),
+    )
     print(summary.line())
     return 0
 
@@ -72,8 +82,9 @@ def compact(args: argparse.Namespace) -> int:
     from mmlake.ingest.maintenance import compact
 
     settings = ingest_settings(args, writes=True)
-    report = compact(settings.lake, args.stream, retention_hours=args.retention_hours,
-                     storage_options=dict(settings.storage_options))
+    report = compact(
+        settings.lake, args.stream, retention_hours=args.retention_hours, storage_options=dict(settings.storage_options)
+    )
     if not report:
         raise MmlakeError(f"stream {args.stream!r} has no tables under {settings.lake}")
     for table, stats in report.items():
@@ -91,18 +102,25 @@ def read(args: argparse.Namespace) -> int:
     shown = 0
     cols = ["event_time", "modality", "sample_id", "record_id", "kafka_partition", "kafka_offset"]
     options = dict(settings.storage_options)
-    batches = read_stream(settings.lake, args.stream, args.start, args.end, table=args.table, columns=cols,
-                          storage_options=options)
+    batches = read_stream(
+        settings.lake, args.stream, args.start, args.end, table=args.table, columns=cols, storage_options=options
+    )
     try:
         for batch in batches:
             for row in batch.to_pylist():
                 if shown >= args.limit:
-                    more = count_rows(settings.lake, args.stream, args.start, args.end, table=args.table,
-                                      storage_options=options) - shown
+                    more = (
+                        count_rows(
+                            settings.lake, args.stream, args.start, args.end, table=args.table, storage_options=options
+                        )
+                        - shown
+                    )
                     print(f"... {more} more row{'s' if more != 1 else ''} (--limit N shows more)")
                     return 0
-                print(f"{row['event_time'].isoformat()}  {row['modality']:<5}  {row['sample_id']}  "
-                      f"{row['record_id'][:12]}  p{row['kafka_partition']}@{row['kafka_offset']}")
+                print(
+                    f"{row['event_time'].isoformat()}  {row['modality']:<5}  {row['sample_id']}  "
+                    f"{row['record_id'][:12]}  p{row['kafka_partition']}@{row['kafka_offset']}"
+                )
                 shown += 1
     finally:
         # Release the Delta scan before the interpreter exits: Arrow data of a deltalake scan still

@@ -82,9 +82,12 @@ def add_kafka(p: argparse.ArgumentParser) -> None:
 
 
 def add_clip_weights(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clip-weights", metavar="PATH",
-                   help="local open_clip checkpoint: CLIP for images and text (default: the trained "
-                        "EfficientNet-Lite0 for images, a seeded CLIP text tower)")
+    p.add_argument(
+        "--clip-weights",
+        metavar="PATH",
+        help="local open_clip checkpoint: CLIP for images and text (default: the trained "
+        "EfficientNet-Lite0 for images, a seeded CLIP text tower)",
+    )
 
 
 def add_runtime(p: argparse.ArgumentParser) -> None:
@@ -96,13 +99,18 @@ def add_runtime(p: argparse.ArgumentParser) -> None:
 
 
 def add_reference_range(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--reference-from", metavar="T1",
-                   help="fit the drift reference on the samples with T1 <= event time < T2 (RFC 3339 or epoch "
-                        "ms) instead of the stream's first ones; windows are scored from T2 on")
+    p.add_argument(
+        "--reference-from",
+        metavar="T1",
+        help="fit the drift reference on the samples with T1 <= event time < T2 (RFC 3339 or epoch "
+        "ms) instead of the stream's first ones; windows are scored from T2 on",
+    )
     p.add_argument("--reference-to", metavar="T2", help="end of the reference range (exclusive)")
-    p.add_argument("--reference-first", action="store_true",
-                   help="back to the stream's first $MMLAKE_DRIFT_REFERENCE samples (a rebuild otherwise keeps "
-                        "the chosen range)")
+    p.add_argument(
+        "--reference-first",
+        action="store_true",
+        help="back to the stream's first $MMLAKE_DRIFT_REFERENCE samples (a rebuild otherwise keeps the chosen range)",
+    )
 
 
 # -- settings from the options --------------------------------------------------------------------
@@ -129,8 +137,11 @@ def preprocess_settings(args: argparse.Namespace) -> PreprocessSettings:
     from mmlake.preprocessing.settings import PreprocessSettings
 
     return PreprocessSettings().with_overrides(
-        clip_weights=args.clip_weights, provider=getattr(args, "provider", None),
-        threads=getattr(args, "threads", None), batch_size=getattr(args, "batch_size", None))
+        clip_weights=args.clip_weights,
+        provider=getattr(args, "provider", None),
+        threads=getattr(args, "threads", None),
+        batch_size=getattr(args, "batch_size", None),
+    )
 
 
 def reference_range(args: argparse.Namespace) -> ReferenceRange:

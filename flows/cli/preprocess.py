@@ -28,8 +28,12 @@ def register(commands: Commands) -> None:
     p = commands.add_parser("preprocess", help="compute the features rows a stream is missing (ONNX operators)")
     p.add_argument("--stream", required=True)
     add_lake(p)
-    p.add_argument("--operator", action="append", metavar="NAME@VERSION",
-                   help="use this operator for its modality (repeatable; default: the registry's defaults)")
+    p.add_argument(
+        "--operator",
+        action="append",
+        metavar="NAME@VERSION",
+        help="use this operator for its modality (repeatable; default: the registry's defaults)",
+    )
     p.add_argument("--max-rows", type=positive_int, help="stop after this many rows")
     p.add_argument("--then-drift", action="store_true", help="run the drift flow on the stream afterwards")
     add_runtime(p)
@@ -41,9 +45,12 @@ def register(commands: Commands) -> None:
     p.add_argument("--to", dest="end", required=True, help="last event time, exclusive")
     p.add_argument("--operator", metavar="NAME@VERSION", help="only this operator's modality, with this operator")
     p.add_argument("--force", action="store_true", help="rewrite even a range that is already up to date")
-    p.add_argument("--stages", default="preprocess,drift",
-                   help="what to re-run for the range, in order: preprocess, drift (default both; drift is "
-                        "rescored only when the range's features changed)")
+    p.add_argument(
+        "--stages",
+        default="preprocess,drift",
+        help="what to re-run for the range, in order: preprocess, drift (default both; drift is "
+        "rescored only when the range's features changed)",
+    )
     p.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
     add_reference_range(p)
     add_lake(p)
@@ -71,8 +78,15 @@ def preprocess(args: argparse.Namespace) -> int:
     from mmlake.flows.preprocess import preprocess_stream
 
     lake, settings = _precheck(args, args.operator or [])
-    result = preprocess_stream(stream=args.stream, lake=lake, settings=settings, operators=args.operator or None,
-                               max_rows=args.max_rows, then_drift=args.then_drift, cancel=cancel_on_signals())
+    result = preprocess_stream(
+        stream=args.stream,
+        lake=lake,
+        settings=settings,
+        operators=args.operator or None,
+        max_rows=args.max_rows,
+        then_drift=args.then_drift,
+        cancel=cancel_on_signals(),
+    )
     for line in result.lines():
         print(line)
     return 0
@@ -92,12 +106,24 @@ def backfill(args: argparse.Namespace) -> int:
         lake, settings = ingest_settings(args, writes=True), preprocess_settings(args)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Progress(TextColumn(f"backfill {args.stream} {args.start}..{args.end}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), transient=False, disable=not sys.stderr.isatty() and not args.progress,
-                  console=None) as bar:
+    with Progress(
+        TextColumn(f"backfill {args.stream} {args.start}..{args.end}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+        disable=not sys.stderr.isatty() and not args.progress,
+        console=None,
+    ) as bar:
         job = bar.add_task("rows", total=None)
-        result = backfill(stream=args.stream, plan=plan, lake=lake, settings=settings, reference=reference,
-                          progress=lambda done, total: bar.update(job, completed=done, total=total))
+        result = backfill(
+            stream=args.stream,
+            plan=plan,
+            lake=lake,
+            settings=settings,
+            reference=reference,
+            progress=lambda done, total: bar.update(job, completed=done, total=total),
+        )
     for line in result.lines():
         print(line)
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,17 @@ class Codebook:
     @property
     def sha256(self) -> str:
         """Digest of everything that decides a code: the header (JSON) and the float32 bytes."""
-        header = json.dumps({"modality": self.modality, "codes": self.codes, "dim": self.dim, "seed": self.seed,
-                             "fitted_on": self.fitted_on, "dtype": "<f4"}, sort_keys=True).encode()
+        header = json.dumps(
+            {
+                "modality": self.modality,
+                "codes": self.codes,
+                "dim": self.dim,
+                "seed": self.seed,
+                "fitted_on": self.fitted_on,
+                "dtype": "<f4",
+            },
+            sort_keys=True,
+        ).encode()
         h = hashlib.sha256(header)
         h.update(np.ascontiguousarray(self.mean, dtype="<f4").tobytes())
         h.update(np.ascontiguousarray(self.std, dtype="<f4").tobytes())
@@ -61,8 +71,10 @@ class Codebook:
     def assign(self, x: np.ndarray) -> np.ndarray:
         """The code (centroid index) of each row of ``x``; rows must be finite and non-zero."""
         if x.shape[1] != self.dim:
-            raise InputError(f"{self.modality} embeddings have {x.shape[1]} dimensions, "
-                             f"the codebook {self.sha256[:12]} was fitted on {self.dim}")
+            raise InputError(
+                f"{self.modality} embeddings have {x.shape[1]} dimensions, "
+                f"the codebook {self.sha256[:12]} was fitted on {self.dim}"
+            )
         y = prepare(x, self.mean.astype(np.float64))
         return np.argmax(y @ self.centroids.astype(np.float64).T, axis=1).astype(np.int64)
 
@@ -103,23 +115,36 @@ class Codebook:
     # -- persistence (a row of the codebook table) -------------------------------------------------
 
     def to_row(self) -> dict[str, object]:
-        return {"modality": self.modality, "codebook_sha256": self.sha256, "codes": self.codes, "dim": self.dim,
-                "seed": self.seed, "fitted_on": self.fitted_on,
-                "mean": self.mean.astype(np.float32).tolist(), "std": self.std.astype(np.float32).tolist(),
-                "whiten": self.whiten.astype(np.float32).ravel().tolist(),
-                "centroids": self.centroids.astype(np.float32).ravel().tolist()}
+        return {
+            "modality": self.modality,
+            "codebook_sha256": self.sha256,
+            "codes": self.codes,
+            "dim": self.dim,
+            "seed": self.seed,
+            "fitted_on": self.fitted_on,
+            "mean": self.mean.astype(np.float32).tolist(),
+            "std": self.std.astype(np.float32).tolist(),
+            "whiten": self.whiten.astype(np.float32).ravel().tolist(),
+            "centroids": self.centroids.astype(np.float32).ravel().tolist(),
+        }
 
     @classmethod
-    def from_row(cls, row: dict[str, object]) -> Codebook:
-        dim, codes = int(row["dim"]), int(row["codes"])  # type: ignore[call-overload]
-        book = cls(str(row["modality"]), np.asarray(row["mean"], dtype=np.float32),
-                   np.asarray(row["std"], dtype=np.float32),
-                   np.asarray(row["whiten"], dtype=np.float32).reshape(dim, dim),
-                   np.asarray(row["centroids"], dtype=np.float32).reshape(codes, dim),
-                   int(row["seed"]), int(row["fitted_on"]))  # type: ignore[call-overload]
+    def from_row(cls, row: dict[str, Any]) -> Codebook:
+        dim, codes = int(row["dim"]), int(row["codes"])
+        book = cls(
+            str(row["modality"]),
+            np.asarray(row["mean"], dtype=np.float32),
+            np.asarray(row["std"], dtype=np.float32),
+            np.asarray(row["whiten"], dtype=np.float32).reshape(dim, dim),
+            np.asarray(row["centroids"], dtype=np.float32).reshape(codes, dim),
+            int(row["seed"]),
+            int(row["fitted_on"]),
+        )
         if book.sha256 != row["codebook_sha256"]:
-            raise DriftStateError(f"the {book.modality} codebook's bytes hash to {book.sha256[:16]}..., "
-                             f"its row says {str(row['codebook_sha256'])[:16]}...: refusing a changed codebook")
+            raise DriftStateError(
+                f"the {book.modality} codebook's bytes hash to {book.sha256[:16]}..., "
+                f"its row says {str(row['codebook_sha256'])[:16]}...: refusing a changed codebook"
+            )
         return book
 
 

@@ -66,8 +66,10 @@ class DriftConfig(DriftParameters):
         if self.window < 8 or self.step < 1 or self.step > self.window:
             raise InputError(f"drift windows need window >= 8 and 1 <= step <= window (got {self.window}, {self.step})")
         if self.reference < self.least_reference:
-            raise InputError(f"a reference of {self.reference} samples is too small for {self.codes} codes and "
-                             f"{self.window}-sample windows (at least {self.least_reference})")
+            raise InputError(
+                f"a reference of {self.reference} samples is too small for {self.codes} codes and "
+                f"{self.window}-sample windows (at least {self.least_reference})"
+            )
 
     @classmethod
     def of(cls, settings: DriftSettings) -> DriftConfig:
@@ -100,13 +102,21 @@ class Samples:
         return len(self.ids)
 
     def slice(self, lo: int, hi: int) -> Samples:
-        return Samples(self.times[lo:hi], self.ids[lo:hi], {m: e[lo:hi] for m, e in self.embeddings.items()},
-                       {m: s[lo:hi] for m, s in self.status.items()})
+        return Samples(
+            self.times[lo:hi],
+            self.ids[lo:hi],
+            {m: e[lo:hi] for m, e in self.embeddings.items()},
+            {m: s[lo:hi] for m, s in self.status.items()},
+        )
 
     @classmethod
     def empty(cls, modalities: list[str], dim: int = 0) -> Samples:
-        return cls(np.zeros(0, dtype=np.int64), [], {m: np.zeros((0, dim), dtype=np.float32) for m in modalities},
-                   {m: np.zeros(0, dtype=np.int8) for m in modalities})
+        return cls(
+            np.zeros(0, dtype=np.int64),
+            [],
+            {m: np.zeros((0, dim), dtype=np.float32) for m in modalities},
+            {m: np.zeros(0, dtype=np.int8) for m in modalities},
+        )
 
     @classmethod
     def concat(cls, parts: list[Samples], modalities: list[str]) -> Samples:
@@ -119,15 +129,25 @@ class Samples:
         emb, status = {}, {}
         for m in modalities:
             dim = next((p.embeddings[m].shape[1] for p in parts if m in p.embeddings), 0)
-            emb[m] = np.concatenate([p.embeddings[m] if m in p.embeddings else
-                                     np.full((len(p), dim), np.nan, dtype=np.float32) for p in parts])
-            status[m] = np.concatenate([p.status[m] if m in p.status else
-                                        np.full(len(p), MISSING, dtype=np.int8) for p in parts])
+            emb[m] = np.concatenate(
+                [
+                    p.embeddings[m] if m in p.embeddings else np.full((len(p), dim), np.nan, dtype=np.float32)
+                    for p in parts
+                ]
+            )
+            status[m] = np.concatenate(
+                [p.status[m] if m in p.status else np.full(len(p), MISSING, dtype=np.int8) for p in parts]
+            )
         return cls(np.concatenate([p.times for p in parts]), [i for p in parts for i in p.ids], emb, status)
 
     @classmethod
-    def build(cls, times: np.ndarray, ids: list[str], embeddings: dict[str, np.ndarray],
-              errors: dict[str, np.ndarray] | None = None) -> Samples:
+    def build(
+        cls,
+        times: np.ndarray,
+        ids: list[str],
+        embeddings: dict[str, np.ndarray],
+        errors: dict[str, np.ndarray] | None = None,
+    ) -> Samples:
         """Status from the embeddings: NaN rows of a modality's matrix that are all-NaN are missing parts
         unless ``errors`` marks them; other non-finite rows are NaN parts; zero rows are zero-norm."""
         status = {}
@@ -191,14 +211,29 @@ class Reference:
         return out
 
     def as_state(self) -> dict[str, Any]:
-        return {"codebooks": {m: b.sha256 for m, b in self.codebooks.items()}, "presence": self.presence,
-                "marginal": self.marginal, "joint_modalities": self.joint_modalities, "joint": self.joint,
-                "skipped": self.skipped, "null_sigma": self.null_sigma, "null_mean": self.null_mean}
+        return {
+            "codebooks": {m: b.sha256 for m, b in self.codebooks.items()},
+            "presence": self.presence,
+            "marginal": self.marginal,
+            "joint_modalities": self.joint_modalities,
+            "joint": self.joint,
+            "skipped": self.skipped,
+            "null_sigma": self.null_sigma,
+            "null_mean": self.null_mean,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], codebooks: dict[str, Codebook]) -> Reference:
-        return cls(codebooks, state["presence"], state["marginal"], state["joint_modalities"], state["joint"],
-                   state.get("skipped", {}), state.get("null_sigma", {}), state.get("null_mean", {}))
+        return cls(
+            codebooks,
+            state["presence"],
+            state["marginal"],
+            state["joint_modalities"],
+            state["joint"],
+            state.get("skipped", {}),
+            state.get("null_sigma", {}),
+            state.get("null_mean", {}),
+        )
 
     @classmethod
     def fit(cls, samples: Samples, config: DriftConfig) -> Reference:
@@ -210,8 +245,10 @@ class Reference:
         for m in sorted(samples.embeddings):
             valid = samples.status[m] == 0
             if valid.sum() < least:
-                skipped[m] = (f"{int(valid.sum())} valid {m} embeddings in the {n}-sample reference, "
-                              f"fewer than {least}: not monitored")
+                skipped[m] = (
+                    f"{int(valid.sum())} valid {m} embeddings in the {n}-sample reference, "
+                    f"fewer than {least}: not monitored"
+                )
                 continue
             codebooks[m] = Codebook.fit(m, samples.embeddings[m][valid], config.codes, seed=config.seed)
         if not codebooks:
@@ -230,8 +267,9 @@ class Reference:
         return ref
 
 
-def _calibrate(ref: Reference, cfg: DriftConfig, samples: Samples, codes: dict[str, np.ndarray],
-               draws: int = CALIBRATION_DRAWS) -> tuple[dict[str, float], dict[str, float]]:
+def _calibrate(
+    ref: Reference, cfg: DriftConfig, samples: Samples, codes: dict[str, np.ndarray], draws: int = CALIBRATION_DRAWS
+) -> tuple[dict[str, float], dict[str, float]]:
     """Each metric's null distribution (mean, spread), from ``draws`` windows drawn at random out of
     the reference, each scored against *the rest of the reference*: code counts and mean embedding
     without the window's samples, so the window is new data to what it is compared with, as a window
@@ -252,8 +290,9 @@ def _calibrate(ref: Reference, cfg: DriftConfig, samples: Samples, codes: dict[s
     for _ in range(draws):
         idx = np.sort(rng.choice(n, size=size, replace=False))
         window = {m: c[idx] for m, c in codes.items()}
-        rest_marginal = {m: (marginal[m] - np.bincount(window[m][window[m] >= 0], minlength=k)).tolist()
-                         for m in ref.codebooks}
+        rest_marginal = {
+            m: (marginal[m] - np.bincount(window[m][window[m] >= 0], minlength=k)).tolist() for m in ref.codebooks
+        }
         rest_joint = ref.joint
         if len(ref.joint_modalities) >= 2:
             flat, ok = _joint(window, ref.joint_modalities, k)
@@ -272,7 +311,7 @@ def _calibrate(ref: Reference, cfg: DriftConfig, samples: Samples, codes: dict[s
         # overlapping windows of a stream (conservative again), centred where a steady MI puts it.
         mi = seen.get(f"mi.{a}-{b}", [])
         d = cfg.decay_windows
-        slopes = [_decay(mi[i:i + d]) for i in range(0, len(mi) - d + 1, d)]
+        slopes = [_decay(mi[i : i + d]) for i in range(0, len(mi) - d + 1, d)]
         if slopes:
             seen[f"mi_decay.{a}-{b}"] = slopes
     means = {metric: float(np.mean(v)) for metric, v in seen.items() if len(v) > 1}
@@ -316,8 +355,13 @@ class Detector:
     """Scores windows of coded samples; its state (tail of the last window, EWMA statistics) carries
     over between calls and runs, so feeding samples in any number of pieces gives the same rows."""
 
-    def __init__(self, config: DriftConfig, reference: Reference, state: dict[str, Any] | None = None,
-                 tail: Samples | None = None):
+    def __init__(
+        self,
+        config: DriftConfig,
+        reference: Reference,
+        state: dict[str, Any] | None = None,
+        tail: Samples | None = None,
+    ):
         """``state`` from :meth:`state` of an earlier run; ``tail`` the samples it names in ``tail_ids``
         (the start of the next window), re-read from the features table."""
         self.config = config
@@ -337,26 +381,49 @@ class Detector:
         # the reference; a metric the reference could not calibrate is not scored (its rows say why).
         self.uncalibrated: set[str] = set()
         if config.warmup == 0 and not reference.null_mean:
-            raise DriftStateError("the pinned reference predates thresholds calibrated on the reference (it "
-                                  "was fitted for a warm-up): `mmlake drift --rebuild`")
+            raise DriftStateError(
+                "the pinned reference predates thresholds calibrated on the reference (it "
+                "was fitted for a warm-up): `mmlake drift --rebuild`"
+            )
         for name, direction in self.directions.items():
             if name in self.ewma:
                 continue
             sigma = reference.null_sigma.get(name, 0.0)
             if config.warmup:
-                self.ewma[name] = Ewma(direction, config.k, config.ewma_lambda, config.warmup, config.confirm,
-                                       config.clear, config.sigma_floor, sigma_min=sigma)
+                self.ewma[name] = Ewma(
+                    direction,
+                    config.k,
+                    config.ewma_lambda,
+                    config.warmup,
+                    config.confirm,
+                    config.clear,
+                    config.sigma_floor,
+                    sigma_min=sigma,
+                )
             elif name in reference.null_mean:
-                self.ewma[name] = Ewma.calibrated(direction, config.k, config.ewma_lambda, config.confirm,
-                                                  config.clear, config.sigma_floor, reference.null_mean[name], sigma)
+                self.ewma[name] = Ewma.calibrated(
+                    direction,
+                    config.k,
+                    config.ewma_lambda,
+                    config.confirm,
+                    config.clear,
+                    config.sigma_floor,
+                    reference.null_mean[name],
+                    sigma,
+                )
             else:
                 self.uncalibrated.add(name)
         self.mi_history: dict[str, list[float]] = {p: list(v) for p, v in state.get("mi_history", {}).items()}
 
     def state(self) -> dict[str, Any]:
-        return {"next_window": self.next_window, "seen": self.seen, "tail_ids": list(self._tail.ids),
-                "tail_from_us": int(self._tail.times[0]) if len(self._tail) else None,
-                "ewma": {name: e.state() for name, e in self.ewma.items()}, "mi_history": self.mi_history}
+        return {
+            "next_window": self.next_window,
+            "seen": self.seen,
+            "tail_ids": list(self._tail.ids),
+            "tail_from_us": int(self._tail.times[0]) if len(self._tail) else None,
+            "ewma": {name: e.state() for name, e in self.ewma.items()},
+            "mi_history": self.mi_history,
+        }
 
     def feed(self, samples: Samples) -> list[dict[str, Any]]:
         """Score every window completed by ``samples``; rows as the drift table holds them."""
@@ -372,17 +439,25 @@ class Detector:
             if start + w > self.seen:
                 break
             lo = start - offset
-            emb = {m: allx.embeddings[m][lo:lo + w] for m in self.reference.codebooks}
-            rows.extend(self._score({m: c[lo:lo + w] for m, c in allc.items()}, emb,
-                                    int(allx.times[lo]), int(allx.times[lo + w - 1]), start))
+            emb = {m: allx.embeddings[m][lo : lo + w] for m in self.reference.codebooks}
+            rows.extend(
+                self._score(
+                    {m: c[lo : lo + w] for m, c in allc.items()},
+                    emb,
+                    int(allx.times[lo]),
+                    int(allx.times[lo + w - 1]),
+                    start,
+                )
+            )
             self.next_window += 1
         cut = self.next_window * s - offset  # the next window's first sample: keep it and what follows
         self._tail = allx.slice(cut, len(allx))
         self._tail_codes = {m: c[cut:] for m, c in allc.items()}
         return rows
 
-    def _score(self, codes: dict[str, np.ndarray], embeddings: dict[str, np.ndarray], t0: int, t1: int,
-               first: int) -> list[dict[str, Any]]:
+    def _score(
+        self, codes: dict[str, np.ndarray], embeddings: dict[str, np.ndarray], t0: int, t1: int, first: int
+    ) -> list[dict[str, Any]]:
         cfg = self.config
         values, notes = window_values(self.reference, cfg, codes, embeddings)
         for a, b in self.reference.pairs:
@@ -392,28 +467,54 @@ class Detector:
             decay: float | None = None
             if mi is not None:
                 history.append(mi)
-                del history[:-cfg.decay_windows]
+                del history[: -cfg.decay_windows]
                 if len(history) == cfg.decay_windows:
                     decay = _decay(history)
-            values[f"mi_decay.{pair}"] = (decay, n, why or (None if decay is not None else
-                                                            f"skipped: {len(history)} of {cfg.decay_windows} "
-                                                            "windows of MI history"))
+            values[f"mi_decay.{pair}"] = (
+                decay,
+                n,
+                why
+                or (
+                    None
+                    if decay is not None
+                    else f"skipped: {len(history)} of {cfg.decay_windows} windows of MI history"
+                ),
+            )
         rows = []
         for metric in self.directions:
             value, n, why = values[metric]
             modal = metric.split(".", 1)[1].replace("-", "+").split("+")
             note = "; ".join(x for x in [why] + [v for m, v in notes.items() if m in modal] if x) or None
             if metric in self.uncalibrated:
-                rows.append(_row(first, t0, t1, metric, None, None, None, None, False, None, "skipped", n,
-                                 "skipped: too few valid parts in the reference windows to calibrate it"))
+                rows.append(
+                    _row(
+                        first,
+                        t0,
+                        t1,
+                        metric,
+                        None,
+                        None,
+                        None,
+                        None,
+                        False,
+                        None,
+                        "skipped",
+                        n,
+                        "skipped: too few valid parts in the reference windows to calibrate it",
+                    )
+                )
                 continue
             if value is None:
-                rows.append(_row(first, t0, t1, metric, None, None, None, None,
-                                 self.ewma[metric].alarm, None, "skipped", n, note))
+                rows.append(
+                    _row(
+                        first, t0, t1, metric, None, None, None, None, self.ewma[metric].alarm, None, "skipped", n, note
+                    )
+                )
                 continue
             v = self.ewma[metric].update(value)
-            rows.append(_row(first, t0, t1, metric, value, v.threshold, v.low, v.high, v.alarm, v.event, v.status,
-                             n, note))
+            rows.append(
+                _row(first, t0, t1, metric, value, v.threshold, v.low, v.high, v.alarm, v.event, v.status, n, note)
+            )
         return rows
 
 
@@ -423,9 +524,9 @@ def _decay(history: list[float]) -> float:
     return -float(np.polyfit(x, np.asarray(history), 1)[0])
 
 
-def window_values(reference: Reference, cfg: DriftConfig, codes: dict[str, np.ndarray],
-                  embeddings: dict[str, np.ndarray]) -> tuple[dict[str, tuple[float | None, int, str | None]],
-                                                              dict[str, str]]:
+def window_values(
+    reference: Reference, cfg: DriftConfig, codes: dict[str, np.ndarray], embeddings: dict[str, np.ndarray]
+) -> tuple[dict[str, tuple[float | None, int, str | None]], dict[str, str]]:
     """Every metric but the MI decay for one window: (value or None when skipped, valid parts, why)."""
     k, w = cfg.codes, cfg.window
     values: dict[str, tuple[float | None, int, str | None]] = {}
@@ -448,10 +549,12 @@ def window_values(reference: Reference, cfg: DriftConfig, codes: dict[str, np.nd
         why = enough(m, len(valid), m)
         counts = np.bincount(valid, minlength=k)
         values[f"entropy.{m}"] = (None if why else entropy_mm(counts), len(valid), why)
-        values[f"js.{m}"] = (None if why else js_divergence(counts / max(len(valid), 1), q_marginal[m]),
-                             len(valid), why)
-        values[f"shift.{m}"] = (None if why else reference.codebooks[m].mean_shift(embeddings[m][ok]),
-                                len(valid), why)
+        values[f"js.{m}"] = (
+            None if why else js_divergence(counts / max(len(valid), 1), q_marginal[m]),
+            len(valid),
+            why,
+        )
+        values[f"shift.{m}"] = (None if why else reference.codebooks[m].mean_shift(embeddings[m][ok]), len(valid), why)
     for a, b in reference.pairs:
         ok = (codes[a] >= 0) & (codes[b] >= 0)
         n = int(ok.sum())
@@ -480,9 +583,33 @@ def window_values(reference: Reference, cfg: DriftConfig, codes: dict[str, np.nd
     return values, notes
 
 
-def _row(first: int, t0: int, t1: int, metric: str, value: float | None, threshold: float | None,
-         low: float | None, high: float | None, alarm: bool, event: str | None, status: str, valid: int,
-         note: str | None) -> dict[str, Any]:
-    return {"first_sample": first, "window_start": int(t0), "window_end": int(t1), "metric": metric, "value": value,
-            "threshold": threshold, "threshold_low": low, "threshold_high": high, "alarm": bool(alarm),
-            "event": event, "status": status, "valid": valid, "note": note}
+def _row(
+    first: int,
+    t0: int,
+    t1: int,
+    metric: str,
+    value: float | None,
+    threshold: float | None,
+    low: float | None,
+    high: float | None,
+    alarm: bool,
+    event: str | None,
+    status: str,
+    valid: int,
+    note: str | None,
+) -> dict[str, Any]:
+    return {
+        "first_sample": first,
+        "window_start": int(t0),
+        "window_end": int(t1),
+        "metric": metric,
+        "value": value,
+        "threshold": threshold,
+        "threshold_low": low,
+        "threshold_high": high,
+        "alarm": bool(alarm),
+        "event": event,
+        "status": status,
+        "valid": valid,
+        "note": note,
+    }

@@ -4,8 +4,9 @@ The first ``warmup`` values only estimate the mean and variance (no alarm can be
 each value is compared with the bounds; values inside them move the exponentially weighted mean and
 variance (weight ``lam``); values beyond them do not, so a drift is not learnt as normal while it is
 being reported. A slow drift would still be learnt, a little at a time, so the bounds never reach past
-the warm-up envelope (warm-up mean +- k sigma): the effective bound on each side is the tighter one. An alarm is raised after ``confirm`` consecutive values beyond the bounds and cleared
-after ``clear`` consecutive values back inside. sigma never falls below ``sigma_min`` (given by the caller:
+the warm-up envelope (warm-up mean +- k sigma): the effective bound on each side is the tighter one. An
+alarm is raised after ``confirm`` consecutive values beyond the bounds and cleared after ``clear``
+consecutive values back inside. sigma never falls below ``sigma_min`` (given by the caller:
 the detector's resampled-reference spread) nor ``floor`` times |mean| (a metric that happened to be
 constant during the warm-up would otherwise alarm on any change).
 """
@@ -91,8 +92,17 @@ class Ewma:
         return Verdict(threshold, low, high, self.alarm, event, status)
 
     @classmethod
-    def calibrated(cls, direction: Direction, k: float, lam: float, confirm: int, clear: int, floor: float,
-                   mean: float, sigma: float) -> Ewma:
+    def calibrated(
+        cls,
+        direction: Direction,
+        k: float,
+        lam: float,
+        confirm: int,
+        clear: int,
+        floor: float,
+        mean: float,
+        sigma: float,
+    ) -> Ewma:
         """No warm-up: the statistics start from a null distribution known beforehand (the metric over
         windows of the reference), whose envelope ``mean +- k sigma`` also bounds the band for good."""
         e = cls(direction, k, lam, 0, confirm, clear, floor, sigma_min=sigma, mean=mean, var=sigma * sigma)

@@ -32,8 +32,12 @@ def report(tables: StreamTables, summary: DriftSummary) -> Report:
     png = plot_png(recent_rows(drift_dt), f"drift of {tables.stream}") if drift_dt is not None else None
     untrained = untrained_modalities(tables)
     trained = None if untrained is None else not untrained
-    return Report(markdown(summary, png, untrained or ()), trained, save_plot(tables.lake, tables.stream, png),
-                  tuple(untrained or ()))
+    return Report(
+        markdown(summary, png, untrained or ()),
+        trained,
+        save_plot(tables.lake, tables.stream, png),
+        tuple(untrained or ()),
+    )
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,6 @@ def untrained_modalities(tables: StreamTables) -> list[str] | None:
     return sorted(set(untrained.column("modality").to_pylist()))
 
 
-
 def save_plot(lake: str, stream: str, png: bytes | None) -> str | None:
     """On a local lake, the plot goes to ``<lake>/_plots/drift-<stream>.png``; its path, or None."""
     if png is None or not is_local(lake):
@@ -89,8 +92,10 @@ def recent_rows(drift_dt: Any, windows: int = 600) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = scan(drift_dt, ["window_start", "window_end", "first_sample", "metric", "value",
-                             "threshold_low", "threshold_high", "alarm"])
+    table = scan(
+        drift_dt,
+        ["window_start", "window_end", "first_sample", "metric", "value", "threshold_low", "threshold_high", "alarm"],
+    )
     starts = sorted(set(table.column("first_sample").to_pylist()))
     if not starts:
         return []
@@ -124,7 +129,7 @@ def plot_png(rows: list[dict[str, Any]], title: str) -> bytes:
         ax.set_title(metric, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.tick_params(axis="x", rotation=30)
-    for ax in axes.ravel()[len(metrics):]:
+    for ax in axes.ravel()[len(metrics) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -137,11 +142,19 @@ def plot_png(rows: list[dict[str, Any]], title: str) -> bytes:
 def markdown(summary: DriftSummary, png: bytes | None, untrained: list[str] | tuple[str, ...]) -> str:
     lines = [f"### Drift of `{summary.stream}`", "", summary.line(), ""]
     if untrained:
-        lines += [f"**The {', '.join(untrained)} embeddings come from UNTRAINED (seeded) encoders**: their codes "
-                  "reflect low-level statistics, not meaning.", ""]
-    lines += ["| | |", "|---|---|", f"| samples scored | {summary.samples} |", f"| windows | {summary.windows} |",
-              f"| codebook | `{(summary.codebook_sha256 or '')[:16]}` |",
-              f"| metric-windows skipped (too few valid parts) | {summary.skipped_metrics} |"]
+        lines += [
+            f"**The {', '.join(untrained)} embeddings come from UNTRAINED (seeded) encoders**: their codes "
+            "reflect low-level statistics, not meaning.",
+            "",
+        ]
+    lines += [
+        "| | |",
+        "|---|---|",
+        f"| samples scored | {summary.samples} |",
+        f"| windows | {summary.windows} |",
+        f"| codebook | `{(summary.codebook_sha256 or '')[:16]}` |",
+        f"| metric-windows skipped (too few valid parts) | {summary.skipped_metrics} |",
+    ]
     for m, counts in sorted(summary.invalid.items()):
         bad = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
         lines.append(f"| {m} parts not used | {bad or 'none'} |")
@@ -155,12 +168,16 @@ def markdown(summary: DriftSummary, png: bytes | None, untrained: list[str] | tu
         for metric, r in sorted(last.items()):
             value = "skipped" if r["value"] is None else f"{r['value']:.4f}"
             threshold = "-" if r["threshold"] is None else f"{r['threshold']:.4f}"
-            lines.append(f"| {metric} | {value} | {threshold} | {r['status']} | {'**ALARM**' if r['alarm'] else 'no'} |")
+            lines.append(
+                f"| {metric} | {value} | {threshold} | {r['status']} | {'**ALARM**' if r['alarm'] else 'no'} |"
+            )
     if summary.alarms_raised:
         lines += ["", "| alarm raised | window | value | threshold |", "|---|---|---|---|"]
         for a in summary.alarms_raised[:50]:
-            lines.append(f"| {a['metric']} | {format_us(a['window_start'])} .. {format_us(a['window_end'])} | "
-                         f"{a['value']:.4f} | {a['threshold']:.4f} |")
+            lines.append(
+                f"| {a['metric']} | {format_us(a['window_start'])} .. {format_us(a['window_end'])} | "
+                f"{a['value']:.4f} | {a['threshold']:.4f} |"
+            )
     if png:
         lines += ["", f"![drift metrics](data:image/png;base64,{base64.b64encode(png).decode()})"]
     return "\n".join(lines)

@@ -25,54 +25,67 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mmlake.errors import CommitConflictError, CommitRaceLost, InputError
-from mmlake.lake import UTC_US, StreamTables, app_id as lake_app_id, format_us, scan, txn_version
+from mmlake.lake import UTC_US, StreamTables, format_us, scan, txn_version
+from mmlake.lake import app_id as lake_app_id
 from mmlake.lake import commit as lake_commit
 from mmlake.preprocessing.drift.codebook import Codebook
-from mmlake.preprocessing.drift.detector import (ERROR, MISSING, NAN, STATUS_NAMES, ZERO_NORM, Detector, DriftConfig,
-                                                 Reference, Samples)
-from mmlake.preprocessing.errors import DriftStateError
-from mmlake.preprocessing.registry import OperatorSpec, load_registry
+from mmlake.preprocessing.drift.detector import (
+    ERROR,
+    MISSING,
+    NAN,
+    STATUS_NAMES,
+    ZERO_NORM,
+    Detector,
+    DriftConfig,
+    Reference,
+    Samples,
+)
 from mmlake.preprocessing.drift.settings import DriftSettings
 from mmlake.preprocessing.drift.state import STATE_KEY, DriftState, latest_state
+from mmlake.preprocessing.errors import DriftStateError
+from mmlake.preprocessing.registry import OperatorSpec, load_registry
 from mmlake.preprocessing.settings import PreprocessSettings
 
+DRIFT_SCHEMA = pa.schema(
+    [
+        pa.field("window_start", UTC_US, nullable=False),
+        pa.field("window_end", UTC_US, nullable=False),
+        pa.field("first_sample", pa.int64(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("threshold", pa.float64()),
+        pa.field("threshold_low", pa.float64()),
+        pa.field("threshold_high", pa.float64()),
+        pa.field("alarm", pa.bool_(), nullable=False),
+        pa.field("event", pa.string()),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("valid", pa.int32(), nullable=False),
+        pa.field("note", pa.string()),
+        pa.field("codebook_sha256", pa.string(), nullable=False),
+    ]
+)
 
-DRIFT_SCHEMA = pa.schema([
-    pa.field("window_start", UTC_US, nullable=False),
-    pa.field("window_end", UTC_US, nullable=False),
-    pa.field("first_sample", pa.int64(), nullable=False),
-    pa.field("metric", pa.string(), nullable=False),
-    pa.field("value", pa.float64()),
-    pa.field("threshold", pa.float64()),
-    pa.field("threshold_low", pa.float64()),
-    pa.field("threshold_high", pa.float64()),
-    pa.field("alarm", pa.bool_(), nullable=False),
-    pa.field("event", pa.string()),
-    pa.field("status", pa.string(), nullable=False),
-    pa.field("valid", pa.int32(), nullable=False),
-    pa.field("note", pa.string()),
-    pa.field("codebook_sha256", pa.string(), nullable=False),
-])
-
-CODEBOOK_SCHEMA = pa.schema([
-    pa.field("modality", pa.string(), nullable=False),
-    pa.field("codebook_sha256", pa.string(), nullable=False),
-    pa.field("codes", pa.int32(), nullable=False),
-    pa.field("dim", pa.int32(), nullable=False),
-    pa.field("seed", pa.int64(), nullable=False),
-    pa.field("fitted_on", pa.int64(), nullable=False),
-    pa.field("mean", pa.list_(pa.float32()), nullable=False),
-    pa.field("std", pa.list_(pa.float32()), nullable=False),
-    pa.field("whiten", pa.list_(pa.float32()), nullable=False),
-    pa.field("centroids", pa.list_(pa.float32()), nullable=False),
-    pa.field("op_name", pa.string()),
-    pa.field("op_version", pa.string()),
-    pa.field("op_sha256", pa.string()),
-    pa.field("config_sha256", pa.string(), nullable=False),
-    pa.field("reference_from", UTC_US),
-    pa.field("reference_to", UTC_US),
-    pa.field("reference", pa.string(), nullable=False),  # JSON: the reference statistics
-])
+CODEBOOK_SCHEMA = pa.schema(
+    [
+        pa.field("modality", pa.string(), nullable=False),
+        pa.field("codebook_sha256", pa.string(), nullable=False),
+        pa.field("codes", pa.int32(), nullable=False),
+        pa.field("dim", pa.int32(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("fitted_on", pa.int64(), nullable=False),
+        pa.field("mean", pa.list_(pa.float32()), nullable=False),
+        pa.field("std", pa.list_(pa.float32()), nullable=False),
+        pa.field("whiten", pa.list_(pa.float32()), nullable=False),
+        pa.field("centroids", pa.list_(pa.float32()), nullable=False),
+        pa.field("op_name", pa.string()),
+        pa.field("op_version", pa.string()),
+        pa.field("op_sha256", pa.string()),
+        pa.field("config_sha256", pa.string(), nullable=False),
+        pa.field("reference_from", UTC_US),
+        pa.field("reference_to", UTC_US),
+        pa.field("reference", pa.string(), nullable=False),  # JSON: the reference statistics
+    ]
+)
 
 
 def app_id(stream: str) -> str:
@@ -98,10 +111,14 @@ class DriftSummary:
 
     def line(self) -> str:
         alarms = f"; ALARM on {', '.join(self.alarms_up)}" if self.alarms_up else "; no alarm"
-        return f"drift {self.stream}: {self.samples} samples, {self.windows} windows, {self.rows} rows{alarms}. {self.status}"
+        return (
+            f"drift {self.stream}: {self.samples} samples, {self.windows} windows, {self.rows} rows{alarms}. "
+            f"{self.status}"
+        )
 
 
 # -- features -> samples ------------------------------------------------------------------------
+
 
 def _defaults(settings: PreprocessSettings | None) -> dict[str, OperatorSpec]:
     return load_registry(settings or PreprocessSettings()).default_operators()
@@ -112,13 +129,17 @@ def read_samples(features: Any, ops: dict[str, OperatorSpec], since_us: int | No
     import pyarrow.dataset as pads
 
     flt = None if since_us is None else pads.field("event_time") >= pa.scalar(since_us, UTC_US)
-    table = scan(features, ["record_id", "sample_id", "modality", "event_time", "embedding", "error_code",
-                             "op_name", "op_version"], flt)
+    table = scan(
+        features,
+        ["record_id", "sample_id", "modality", "event_time", "embedding", "error_code", "op_name", "op_version"],
+        flt,
+    )
     keep = None
     for modality, spec in ops.items():
-        mine = pc.and_(pc.equal(table.column("modality"), modality),
-                       pc.and_(pc.equal(table.column("op_name"), spec.name),
-                               pc.equal(table.column("op_version"), spec.version)))
+        mine = pc.and_(
+            pc.equal(table.column("modality"), modality),
+            pc.and_(pc.equal(table.column("op_name"), spec.name), pc.equal(table.column("op_version"), spec.version)),
+        )
         keep = mine if keep is None else pc.or_(keep, mine)
     if keep is None:
         return Samples.empty([])
@@ -155,7 +176,7 @@ def read_samples(features: Any, ops: dict[str, OperatorSpec], since_us: int | No
         if errors[row] is not None or not valid[row] or lengths[row] != dims[m]:
             status[m][p] = ERROR
             continue
-        e = flat[starts[row]:starts[row + 1]]
+        e = flat[starts[row] : starts[row + 1]]
         embeddings[m][p] = e
         status[m][p] = NAN if not np.isfinite(e).all() else (ZERO_NORM if not np.any(e) else 0)
     return Samples(np.asarray([first[i] for i in rank], dtype=np.int64), [ids[i] for i in rank], embeddings, status)
@@ -174,6 +195,7 @@ def _after(samples: Samples, cursor: tuple[int, str] | None) -> int:
 
 # -- state --------------------------------------------------------------------------------------
 
+
 def _codebook_rows(dt: Any) -> list[dict[str, Any]]:
     """The codebook table's rows (one per modality; none without the table), read once per run."""
     return scan(dt).to_pylist() if dt is not None else []
@@ -184,8 +206,14 @@ def _load_reference(rows: list[dict[str, Any]]) -> Reference:
     return Reference.from_state(json.loads(rows[0]["reference"]), books)
 
 
-def _write_reference(tables: StreamTables, ref: Reference, ops: dict[str, OperatorSpec], config_sha: str,
-                     span: tuple[int, int], chosen: tuple[int, int] | None) -> None:
+def _write_reference(
+    tables: StreamTables,
+    ref: Reference,
+    ops: dict[str, OperatorSpec],
+    config_sha: str,
+    span: tuple[int, int],
+    chosen: tuple[int, int] | None,
+) -> None:
     """The codebooks, one row per modality, with the reference statistics and the reference chosen
     (``range``: the event-time range pinned by the user, or null for the stream's first samples)."""
     from deltalake import write_deltalake
@@ -194,13 +222,27 @@ def _write_reference(tables: StreamTables, ref: Reference, ops: dict[str, Operat
     rows = []
     for m, book in sorted(ref.codebooks.items()):
         spec = ops.get(m)
-        rows.append({**book.to_row(), "op_name": spec.name if spec else None,
-                     "op_version": spec.version if spec else None, "op_sha256": spec.sha256 if spec else None,
-                     "config_sha256": config_sha, "reference_from": span[0], "reference_to": span[1],
-                     "reference": state})
+        rows.append(
+            {
+                **book.to_row(),
+                "op_name": spec.name if spec else None,
+                "op_version": spec.version if spec else None,
+                "op_sha256": spec.sha256 if spec else None,
+                "config_sha256": config_sha,
+                "reference_from": span[0],
+                "reference_to": span[1],
+                "reference": state,
+            }
+        )
     table = _table(rows, CODEBOOK_SCHEMA)
-    write_deltalake(tables.uri("drift_codebook"), table, mode="overwrite", schema_mode="overwrite",
-                    storage_options=tables.storage_options or None, name=f"{tables.stream}.drift_codebook")
+    write_deltalake(
+        tables.uri("drift_codebook"),
+        table,
+        mode="overwrite",
+        schema_mode="overwrite",
+        storage_options=tables.storage_options or None,
+        name=f"{tables.stream}.drift_codebook",
+    )
 
 
 def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -214,16 +256,24 @@ def _commit(tables: StreamTables, rows: pa.Table, state: DriftState, seen: int, 
     app = app_id(tables.stream)
     dt = tables.open("drift")
     try:
-        lake_commit(dt if dt is not None else tables.uri("drift"), rows, txns={app: seen + 1}, expect={app: seen},
-                    metadata={STATE_KEY: state.to_json()},
-                    mode="overwrite" if overwrite else "append", storage_options=tables.options,
-                    name=f"{tables.stream}.drift")
+        lake_commit(
+            dt if dt is not None else tables.uri("drift"),
+            rows,
+            txns={app: seen + 1},
+            expect={app: seen},
+            metadata={STATE_KEY: state.to_json()},
+            mode="overwrite" if overwrite else "append",
+            storage_options=tables.options,
+            name=f"{tables.stream}.drift",
+        )
     except CommitRaceLost as err:
-        raise CommitConflictError(f"another drift run on {tables.stream!r} committed first ({err}); rerun to "
-                                  "continue from its state") from err
+        raise CommitConflictError(
+            f"another drift run on {tables.stream!r} committed first ({err}); rerun to continue from its state"
+        ) from err
 
 
 # -- the reference --------------------------------------------------------------------------------
+
 
 def _reference_span(samples: Samples, cfg: DriftConfig, chosen: tuple[int, int] | None) -> tuple[int, int] | str:
     """Indices ``(first, end)`` of the reference among ``samples``: the first ``cfg.reference``, or
@@ -238,16 +288,20 @@ def _reference_span(samples: Samples, cfg: DriftConfig, chosen: tuple[int, int] 
     if end == len(samples):
         # Features may still arrive inside the range until the stream has passed its end.
         reach = format_us(int(samples.times[-1])) if len(samples) else "nothing yet"
-        return (f"collecting the reference: {end - first} samples in {format_us(lo)}..{format_us(hi)} so far, "
-                f"features reach {reach}; no window scored until one lies past the range")
+        return (
+            f"collecting the reference: {end - first} samples in {format_us(lo)}..{format_us(hi)} so far, "
+            f"features reach {reach}; no window scored until one lies past the range"
+        )
     held = end - first
     valid = {m: int((s[first:end] == 0).sum()) for m, s in samples.status.items()}
     least, parts = cfg.least_reference, max(4 * cfg.codes, 16)
     if held < least or max(valid.values(), default=0) < parts:
         counts = ", ".join(f"{m} {n}" for m, n in sorted(valid.items())) or "none"
-        raise InputError(f"the reference range {format_us(lo)}..{format_us(hi)} holds {held} samples (valid parts: "
-                         f"{counts}); {cfg.codes} codes and {cfg.window}-sample windows need at least {least} "
-                         f"samples and {parts} valid parts of one modality")
+        raise InputError(
+            f"the reference range {format_us(lo)}..{format_us(hi)} holds {held} samples (valid parts: "
+            f"{counts}); {cfg.codes} codes and {cfg.window}-sample windows need at least {least} "
+            f"samples and {parts} valid parts of one modality"
+        )
     return first, end
 
 
@@ -270,20 +324,34 @@ def _settled_config(cfg: DriftConfig, pinned: DriftState, settings: DriftSetting
     changed = [k for k in new if new[k] != was[k]]
     chosen = [k for k in changed if k in settings.model_fields_set]
     if chosen or old.sha256 != pinned.config_sha256:
-        raise DriftStateError("drift settings changed since the reference was fitted "
-                              f"({_config_diff(pinned.config, new)}): rerun with the old "
-                              "settings, or `mmlake drift --rebuild` to start over with the new ones")
-    return old, (f"; scored with the settings it was started with (new defaults: {_config_diff(pinned.config, new)}; "
-                 "`mmlake drift --rebuild` moves it to them)")
+        raise DriftStateError(
+            "drift settings changed since the reference was fitted "
+            f"({_config_diff(pinned.config, new)}): rerun with the old "
+            "settings, or `mmlake drift --rebuild` to start over with the new ones"
+        )
+    return old, (
+        f"; scored with the settings it was started with (new defaults: {_config_diff(pinned.config, new)}; "
+        "`mmlake drift --rebuild` moves it to them)"
+    )
 
 
 # -- the run ------------------------------------------------------------------------------------
 
-def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
-              storage_options: dict[str, str] | None = None, preprocess: PreprocessSettings | None = None,
-              ops: dict[str, OperatorSpec] | None = None, rebuild: bool = False,
-              max_samples: int | None = None, keep_settings: bool = False,
-              reference_range: tuple[int, int] | None = None, reference_first: bool = False) -> DriftSummary:
+
+def run_drift(
+    lake: str,
+    stream: str,
+    settings: DriftSettings | None = None,
+    *,
+    storage_options: dict[str, str] | None = None,
+    preprocess: PreprocessSettings | None = None,
+    ops: dict[str, OperatorSpec] | None = None,
+    rebuild: bool = False,
+    max_samples: int | None = None,
+    keep_settings: bool = False,
+    reference_range: tuple[int, int] | None = None,
+    reference_first: bool = False,
+) -> DriftSummary:
     """Score the windows the stream's new features complete (see the module docstring).
     ``max_samples`` bounds how many new samples one run takes (the rest wait for the next run).
     ``keep_settings`` (with ``rebuild``, as a backfill does): rescore with the settings the table was
@@ -295,8 +363,9 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     if reference_range is not None and reference_first:
         raise InputError("choose a reference range or the stream's first samples, not both")
     if reference_range is not None and reference_range[0] >= reference_range[1]:
-        raise InputError(f"the reference range {format_us(reference_range[0])}..{format_us(reference_range[1])} "
-                         "is empty")
+        raise InputError(
+            f"the reference range {format_us(reference_range[0])}..{format_us(reference_range[1])} is empty"
+        )
     settings = settings or DriftSettings()
     cfg = DriftConfig.of(settings)
     tables = StreamTables(lake, stream, dict(storage_options or {}))
@@ -307,15 +376,17 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     summary = DriftSummary(stream)
     features = tables.open("features")
     if features is None:
-        raise InputError(f"stream {stream!r} has no features table at {tables.uri('features')} "
-                         "(run `mmlake preprocess` first)")
+        raise InputError(
+            f"stream {stream!r} has no features table at {tables.uri('features')} (run `mmlake preprocess` first)"
+        )
     ops = ops if ops is not None else _defaults(preprocess)
     op_pins = {m: s.sha256 for m, s in ops.items()}
     # A default operator that changed since the codebooks were fitted (an upgrade brought a new encoder):
     # its embeddings are not comparable with the reference's, so the stream is rescored from a reference
     # refitted on the new operator's rows, as `--rebuild` would; a scheduled run never stops on it.
-    moved = [] if rebuild or pinned is None else sorted(
-        m for m, sha in pinned.operators.items() if op_pins.get(m) != sha)
+    moved = (
+        [] if rebuild or pinned is None else sorted(m for m, sha in pinned.operators.items() if op_pins.get(m) != sha)
+    )
     rebuild = rebuild or bool(moved)
     counter = txn_version(drift_dt, app_id(stream))
     state = None if rebuild else pinned
@@ -323,8 +394,10 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     pinned_range = _pinned_range(book_rows)
     chosen = reference_range if reference_range is not None else (None if reference_first else pinned_range)
     if state is not None and chosen != pinned_range:
-        raise DriftStateError(f"the reference of {stream!r} is pinned to {_describe(pinned_range, cfg)}: "
-                              f"`mmlake drift --rebuild` to move it to {_describe(chosen, cfg)}")
+        raise DriftStateError(
+            f"the reference of {stream!r} is pinned to {_describe(pinned_range, cfg)}: "
+            f"`mmlake drift --rebuild` to move it to {_describe(chosen, cfg)}"
+        )
 
     if state is None:
         samples = read_samples(features, ops)
@@ -336,15 +409,20 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         ref = None
         if book_rows and not rebuild:
             ref = _load_reference(book_rows)
-            if book_rows[0]["config_sha256"] != cfg.sha256 or pinned_range != chosen or \
-                    {r["modality"]: r["op_sha256"] for r in book_rows} != {m: op_pins.get(m) for m in ref.codebooks}:
+            if (
+                book_rows[0]["config_sha256"] != cfg.sha256
+                or pinned_range != chosen
+                or {r["modality"]: r["op_sha256"] for r in book_rows} != {m: op_pins.get(m) for m in ref.codebooks}
+            ):
                 ref = None  # an earlier reference for other settings, samples or operators: refit
         if ref is None:
             ref = Reference.fit(samples.slice(first, end), cfg)
-            _write_reference(tables, ref, ops, cfg.sha256, (int(samples.times[first]), int(samples.times[end - 1])),
-                             chosen)
-            summary.status = (f"reference fitted on samples {first + 1}..{end}"
-                              + (f" ({_describe(chosen, cfg)})" if chosen else ""))
+            _write_reference(
+                tables, ref, ops, cfg.sha256, (int(samples.times[first]), int(samples.times[end - 1])), chosen
+            )
+            summary.status = f"reference fitted on samples {first + 1}..{end}" + (
+                f" ({_describe(chosen, cfg)})" if chosen else ""
+            )
         else:
             summary.status = "reference loaded"
         detector = Detector(cfg, ref)
@@ -353,19 +431,25 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         offset = consumed_before = end
     else:
         if not book_rows:
-            raise DriftStateError(f"{tables.uri('drift')} has a state but {tables.uri('drift_codebook')} is gone: "
-                                  "`mmlake drift --rebuild`")
+            raise DriftStateError(
+                f"{tables.uri('drift')} has a state but {tables.uri('drift_codebook')} is gone: "
+                "`mmlake drift --rebuild`"
+            )
         ref = _load_reference(book_rows)
         if ref.sha256 != state.codebook_sha256:
-            raise DriftStateError(f"the drift state was scored with codebook {state.codebook_sha256[:12]}, the "
-                                  f"pinned codebook is {ref.sha256[:12]}: `mmlake drift --rebuild`")
+            raise DriftStateError(
+                f"the drift state was scored with codebook {state.codebook_sha256[:12]}, the "
+                f"pinned codebook is {ref.sha256[:12]}: `mmlake drift --rebuild`"
+            )
         note = ""
         if state.config_sha256 != cfg.sha256:
             cfg, note = _settled_config(cfg, state, settings)
         changed = sorted(m for m in ref.codebooks if state.operators.get(m) != op_pins.get(m))
         if changed:
-            raise DriftStateError(f"the default operator of {', '.join(changed)} changed since the codebooks were "
-                                  "fitted (its embeddings are not comparable): `mmlake drift --rebuild`")
+            raise DriftStateError(
+                f"the default operator of {', '.join(changed)} changed since the codebooks were "
+                "fitted (its embeddings are not comparable): `mmlake drift --rebuild`"
+            )
         since = state.detector["tail_from_us"]
         cursor = state.cursor
         samples = read_samples(features, ops, since if since is not None else cursor[0])
@@ -373,8 +457,10 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         index = {s: i for i, s in enumerate(samples.ids)}
         missing = [s for s in tail_ids if s not in index]
         if missing:
-            raise DriftStateError(f"{len(missing)} samples the next window starts with are gone from the features "
-                                  f"table (e.g. {missing[0]}): `mmlake drift --rebuild`")
+            raise DriftStateError(
+                f"{len(missing)} samples the next window starts with are gone from the features "
+                f"table (e.g. {missing[0]}): `mmlake drift --rebuild`"
+            )
         tail = _take(samples, [index[s] for s in tail_ids])
         start = _after(samples, cursor)
         new = samples.slice(start, len(samples))
@@ -394,17 +480,27 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
         if st is not None:
             summary.invalid[m] = {STATUS_NAMES[v]: int((st == v).sum()) for v in (MISSING, NAN, ZERO_NORM, ERROR)}
     if moved:
-        summary.status = (f"the default operator of {', '.join(moved)} changed since the codebooks were fitted: "
-                          f"rescored from a new reference; {summary.status}")
+        summary.status = (
+            f"the default operator of {', '.join(moved)} changed since the codebooks were fitted: "
+            f"rescored from a new reference; {summary.status}"
+        )
     rows = detector.feed(new) if len(new) else []
     summary.samples = len(new)
     if not len(new) and not rebuild:
         summary.status += "; nothing new"
         return summary
     last = (int(new.times[-1]), new.ids[-1]) if len(new) else reference_end
-    new_state = DriftState(codebook_sha256=ref.sha256, config_sha256=cfg.sha256, config=cfg.model_dump(),
-                           operators={m: op_pins.get(m) for m in ref.codebooks}, consumed=consumed_before + len(new),
-                           cursor=last, offset=offset, reference_range=chosen, detector=detector.state())
+    new_state = DriftState(
+        codebook_sha256=ref.sha256,
+        config_sha256=cfg.sha256,
+        config=cfg.model_dump(),
+        operators={m: op_pins.get(m) for m in ref.codebooks},
+        consumed=consumed_before + len(new),
+        cursor=last,
+        offset=offset,
+        reference_range=chosen,
+        detector=detector.state(),
+    )
     for r in rows:
         r["first_sample"] += offset  # counted from the stream's first sample
         r["codebook_sha256"] = ref.sha256
@@ -421,9 +517,17 @@ def run_drift(lake: str, stream: str, settings: DriftSettings | None = None, *,
     summary.rows = len(rows)
     summary.window_rows = rows
     summary.skipped_metrics = sum(1 for r in rows if r["status"] == "skipped")
-    summary.alarms_raised = [{"metric": r["metric"], "window_start": r["window_start"], "window_end": r["window_end"],
-                              "value": float(r["value"]), "threshold": float(r["threshold"])}
-                             for r in rows if r["event"] == "raised"]
+    summary.alarms_raised = [
+        {
+            "metric": r["metric"],
+            "window_start": r["window_start"],
+            "window_end": r["window_end"],
+            "value": float(r["value"]),
+            "threshold": float(r["threshold"]),
+        }
+        for r in rows
+        if r["event"] == "raised"
+    ]
     summary.alarms_up = sorted(name for name, e in detector.ewma.items() if e.alarm)
     return summary
 
@@ -445,8 +549,12 @@ def state_matches(old: DriftState | None, new: DriftState) -> bool:
 
 def _take(samples: Samples, idx: list[int]) -> Samples:
     ix = np.asarray(idx, dtype=np.int64)
-    return Samples(samples.times[ix], [samples.ids[i] for i in idx], {m: e[ix] for m, e in samples.embeddings.items()},
-                   {m: s[ix] for m, s in samples.status.items()})
+    return Samples(
+        samples.times[ix],
+        [samples.ids[i] for i in idx],
+        {m: e[ix] for m, e in samples.embeddings.items()},
+        {m: s[ix] for m, s in samples.status.items()},
+    )
 
 
 def _config_diff(old: dict[str, Any], new: dict[str, Any]) -> str:

@@ -24,9 +24,22 @@ from mmlake.preprocessing.drift.detector import Samples
 SCENARIOS = ("null", "shuffle", "covariate", "vocabulary", "gradual")
 
 
-def stream(scenario: str, n: int, *, change: int | None = None, seed: int = 0, dim: int = 384,
-           colours: int = 6, shapes: int = 3, noise: float = 1.2, magnitude: float = 0.5, ramp: int = 2000,
-           audio_every: int = 4, t0_us: int = 1_767_225_600_000_000, spacing_us: int = 100_000) -> Samples:
+def stream(
+    scenario: str,
+    n: int,
+    *,
+    change: int | None = None,
+    seed: int = 0,
+    dim: int = 384,
+    colours: int = 6,
+    shapes: int = 3,
+    noise: float = 1.2,
+    magnitude: float = 0.5,
+    ramp: int = 2000,
+    audio_every: int = 4,
+    t0_us: int = 1_767_225_600_000_000,
+    spacing_us: int = 100_000,
+) -> Samples:
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
     rng = np.random.default_rng(seed)
@@ -71,6 +84,8 @@ def stream(scenario: str, n: int, *, change: int | None = None, seed: int = 0, d
     image, text, audio = (x / np.linalg.norm(x, axis=1, keepdims=True) for x in (image, text, audio))
     audio[np.arange(n) % audio_every != 0] = np.nan
     times = t0_us + np.arange(n, dtype=np.int64) * spacing_us
-    return Samples.build(times, [f"g{seed}-{i:06d}" for i in range(n)],
-                         {"image": image.astype(np.float32), "text": text.astype(np.float32),
-                          "audio": audio.astype(np.float32)})
+    return Samples.build(
+        times,
+        [f"g{seed}-{i:06d}" for i in range(n)],
+        {"image": image.astype(np.float32), "text": text.astype(np.float32), "audio": audio.astype(np.float32)},
+    )

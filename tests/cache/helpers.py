@@ -55,7 +55,9 @@ class Server:
 
         self.cache = cache
         self.port = free_port()
-        config = uvicorn.Config(create_app(cache, tokens or TOKENS), host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            create_app(cache, tokens or TOKENS), host="127.0.0.1", port=self.port, log_level="warning"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -80,5 +82,7 @@ def body(embedding, tensors, **metadata) -> bytes:
     """A ``POST /v1/kv`` body: the tensors plus ``embedding`` as safetensors, ``metadata`` as strings."""
     from safetensors.torch import save
 
-    return save({**tensors, "embedding": torch.as_tensor(np.asarray(embedding, dtype=np.float32))},
-                metadata={k: str(v) for k, v in metadata.items()} or None)
+    return save(
+        {**tensors, "embedding": torch.as_tensor(np.asarray(embedding, dtype=np.float32))},
+        metadata={k: str(v) for k, v in metadata.items()} or None,
+    )

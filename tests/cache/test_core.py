@@ -101,8 +101,9 @@ def test_near_duplicate_store_refreshes(cache, clock) -> None:
 def test_eviction_order_is_lru2_weighted_by_similarity(clock) -> None:
     rng = np.random.default_rng(6)
     size = 4096
-    cache = SafeCache(CacheSettings(gpu_bytes=0, cpu_bytes=3 * size, similarity_weight_s=100, min_similarity=0.82),
-                      clock=clock)
+    cache = SafeCache(
+        CacheSettings(gpu_bytes=0, cpu_bytes=3 * size, similarity_weight_s=100, min_similarity=0.82), clock=clock
+    )
     es = [unit(rng, DIM) for _ in range(6)]
     lsh = cache.lsh_for(DIM)
     for i in range(3):  # stored at t = 1, 2, 3
@@ -124,8 +125,7 @@ def test_eviction_order_is_lru2_weighted_by_similarity(clock) -> None:
         (gone,) = before - {e.id for e in cache.entries()}
         evicted.append(ids.index(gone))
     assert evicted == [2, 3, 4]  # each time the oldest single-access entry that is not the new one
-    assert [isinstance(cache.lookup("a", "m", es[i]), Hit) for i in range(6)] == [
-        True, True, False, False, False, True]
+    assert [isinstance(cache.lookup("a", "m", es[i]), Hit) for i in range(6)] == [True, True, False, False, False, True]
 
 
 def test_similarity_weight_decides_between_equally_recent_entries(clock) -> None:

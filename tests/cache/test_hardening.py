@@ -26,13 +26,18 @@ from mmlake.ingest.broker import free_port
 from tests.cache.helpers import Server, at_cosine, body, kv, unit
 
 DIM = 16
-ALICE, BOB, OPS = {"Authorization": "Bearer tok-alice"}, {"Authorization": "Bearer tok-bob"}, {"Authorization": "Bearer tok-ops"}
+ALICE, BOB, OPS = (
+    {"Authorization": "Bearer tok-alice"},
+    {"Authorization": "Bearer tok-bob"},
+    {"Authorization": "Bearer tok-ops"},
+)
 
 
 @pytest.fixture
 def server():
-    settings = CacheSettings(max_body_bytes=1 << 20, gpu_bytes=0, cpu_bytes=4 << 20, body_timeout_s=1.0,
-                             max_inflight_bytes=1536 << 10)
+    settings = CacheSettings(
+        max_body_bytes=1 << 20, gpu_bytes=0, cpu_bytes=4 << 20, body_timeout_s=1.0, max_inflight_bytes=1536 << 10
+    )
     with Server(SafeCache(settings)) as running:
         yield running
 
@@ -43,6 +48,7 @@ def _store(http: httpx.Client, embedding, tensors, headers=ALICE, **metadata) ->
 
 # -- the schema ---------------------------------------------------------------------------------
 
+
 def test_the_schema_describes_every_route_and_the_docs_are_off(server) -> None:
     with httpx.Client(base_url=server.url) as http:
         schema = http.get("/openapi.json")
@@ -50,8 +56,15 @@ def test_the_schema_describes_every_route_and_the_docs_are_off(server) -> None:
         spec = schema.json()
         assert spec["openapi"].startswith("3.")
         paths = spec["paths"]
-        assert {"/v1/kv", "/v1/kv/lookup", "/v1/kv/{entry_id}", "/v1/kv/invalidate", "/v1/stats", "/metrics",
-                "/healthz"} <= set(paths)
+        assert {
+            "/v1/kv",
+            "/v1/kv/lookup",
+            "/v1/kv/{entry_id}",
+            "/v1/kv/invalidate",
+            "/v1/stats",
+            "/metrics",
+            "/healthz",
+        } <= set(paths)
         store = paths["/v1/kv"]["post"]
         assert store["requestBody"]["content"]["application/octet-stream"]["schema"]["format"] == "binary"
         assert {"400", "401", "413", "429", "503"} <= set(store["responses"])
@@ -63,20 +76,29 @@ def test_the_schema_describes_every_route_and_the_docs_are_off(server) -> None:
 
 # -- no 5xx, one line ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("payload", "message"), [
-    ('{"model_id": "m", "embedding": [' + "1" * 400 + ', 1.0]}', "NaN or infinite"),
-    ('{"model_id": "m", "embedding": [1.0, 2.0], "min_similarity": ' + "9" * 300 + "}", "min_similarity must be in"),
-    ('{"model_id": "m", "embedding": [NaN, 1.0]}', "not a JSON number"),
-    ('{"model_id": "m", "embedding": [1e400, 1.0]}', "NaN or infinite"),
-    ("[" * 100000 + "]" * 100000, "nested deeper"),
-    ('{"model_id": "m", "embedding": [[[[[[[[[[1]]]]]]]]]]}', "nested deeper"),
-    ('{"model_id": "m", "embedding": "x"}', "list of numbers"),
-    ("\xff", "not JSON"),
-])
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ('{"model_id": "m", "embedding": [' + "1" * 400 + ", 1.0]}", "NaN or infinite"),
+        (
+            '{"model_id": "m", "embedding": [1.0, 2.0], "min_similarity": ' + "9" * 300 + "}",
+            "min_similarity must be in",
+        ),
+        ('{"model_id": "m", "embedding": [NaN, 1.0]}', "not a JSON number"),
+        ('{"model_id": "m", "embedding": [1e400, 1.0]}', "NaN or infinite"),
+        ("[" * 100000 + "]" * 100000, "nested deeper"),
+        ('{"model_id": "m", "embedding": [[[[[[[[[[1]]]]]]]]]]}', "nested deeper"),
+        ('{"model_id": "m", "embedding": "x"}', "list of numbers"),
+        ("\xff", "not JSON"),
+    ],
+)
 def test_hostile_lookup_bodies_get_a_400(server, payload, message) -> None:
     with httpx.Client(base_url=server.url, headers=ALICE) as http:
         for route in ("/v1/kv/lookup", "/v1/kv/invalidate"):
-            answer = http.post(route, content=payload.encode("utf-8", "surrogateescape") if payload != "\xff" else b"\xff")
+            answer = http.post(
+                route, content=payload.encode("utf-8", "surrogateescape") if payload != "\xff" else b"\xff"
+            )
             assert answer.status_code == 400, (route, answer.text)
             assert "\n" not in answer.json()["error"]
             if route == "/v1/kv/lookup":
@@ -96,8 +118,9 @@ def test_finite_embeddings_whose_float32_norm_breaks_are_stored_and_found(server
             assert float(found.headers["X-SafeCache-Similarity"]) == pytest.approx(1, abs=1e-5)
 
 
-@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "bool",
-                                   "complex64", "bfloat16", "int8"])
+@pytest.mark.parametrize(
+    "dtype", ["uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "bool", "complex64", "bfloat16", "int8"]
+)
 def test_every_dtype_that_is_stored_is_served_back_exactly(server, dtype) -> None:
     base = torch.arange(24).reshape(2, 3, 4)
     if dtype == "bool":
@@ -113,26 +136,33 @@ def test_every_dtype_that_is_stored_is_served_back_exactly(server, dtype) -> Non
     assert isinstance(hit, Hit)
     back = hit.tensors["kv"]
     assert back.dtype == tensor.dtype and back.shape == tensor.shape
-    assert bytes(back.contiguous().view(-1).view(torch.uint8).numpy()) == \
-        bytes(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+    assert bytes(back.contiguous().view(-1).view(torch.uint8).numpy()) == bytes(
+        tensor.contiguous().view(-1).view(torch.uint8).numpy()
+    )
 
 
 # -- tenants, operators, salts -------------------------------------------------------------------
 
+
 def test_the_tokens_file_names_tenants_shares_and_operators(tmp_path) -> None:
     path = tmp_path / "tokens.json"
-    path.write_text(json.dumps({"t1": "team-a", "t2": {"tenant": "team-b", "share": 0.25}, "t3": "team-b",
-                                "ops": {"operator": True}}))
+    path.write_text(
+        json.dumps(
+            {"t1": "team-a", "t2": {"tenant": "team-b", "share": 0.25}, "t3": "team-b", "ops": {"operator": True}}
+        )
+    )
     tokens = load_tokens(str(path))
     assert tokens.tenants == {"t1": "team-a", "t2": "team-b", "t3": "team-b"}
     assert tokens.operators == frozenset({"ops"}) and tokens.shares == {"team-b": 0.25}
     cache = SafeCache(CacheSettings(gpu_bytes=0), shares=tokens.shares, tenants=tokens.names())
     assert (cache.share_of("team-a"), cache.share_of("team-b")) == (0.75, 0.25)
-    for bad, message in ((["t"], "must be a non-empty JSON object"),
-                         ({"t": {"tenant": "a", "share": 1.5}}, "share of 'a' must be in"),
-                         ({"t": {"tenant": "a", "share": 0.7}, "u": {"tenant": "b", "share": 0.7}}, "add up to 1.4"),
-                         ({"ops": {"operator": True}}, "names no tenant"),
-                         ({"t": {"tenant": "a", "admin": True}}, "must be a non-empty JSON object")):
+    for bad, message in (
+        (["t"], "must be a non-empty JSON object"),
+        ({"t": {"tenant": "a", "share": 1.5}}, "share of 'a' must be in"),
+        ({"t": {"tenant": "a", "share": 0.7}, "u": {"tenant": "b", "share": 0.7}}, "add up to 1.4"),
+        ({"ops": {"operator": True}}, "names no tenant"),
+        ({"t": {"tenant": "a", "admin": True}}, "must be a non-empty JSON object"),
+    ):
         path.write_text(json.dumps(bad))
         with pytest.raises(CacheError, match=message):
             load_tokens(str(path))
@@ -141,8 +171,12 @@ def test_the_tokens_file_names_tenants_shares_and_operators(tmp_path) -> None:
 def test_stats_and_metrics_show_nothing_of_another_tenant(server) -> None:
     with httpx.Client(base_url=server.url) as http:
         assert _store(http, unit(np.random.default_rng(1), 8), kv(1)).status_code == 201
-        assert http.post("/v1/kv", content=body(unit(np.random.default_rng(2), 24), kv(2), model_id="b"),
-                         headers=BOB).status_code == 201
+        assert (
+            http.post(
+                "/v1/kv", content=body(unit(np.random.default_rng(2), 24), kv(2), model_id="b"), headers=BOB
+            ).status_code
+            == 201
+        )
         bob = http.get("/v1/stats", headers=BOB).json()
         assert bob["entries"] == 1 and set(bob["lsh"]) == {"24"} and bob["models"] == 1  # not alice's "8"
         assert bob["bytes"]["cpu"] == 4096 and bob["share"]["cpu"] == (4 << 20) // 2
@@ -191,6 +225,7 @@ def test_entries_crafted_to_collide_with_a_victims_never_answer_for_them() -> No
 
 # -- fair shares and bounded memory -------------------------------------------------------------
 
+
 def test_a_noisy_tenant_cannot_evict_a_quiet_tenant_within_its_share() -> None:
     mib = 1 << 20
     cache = SafeCache(CacheSettings(gpu_bytes=0, cpu_bytes=8 * mib), tenants=["noisy", "quiet"])
@@ -217,8 +252,11 @@ def test_shares_from_the_tokens_file_hold_against_a_running_server() -> None:
     tokens = Tokens({"tok-alice": "alice", "tok-bob": "bob"}, shares={"bob": 0.25})
     settings = CacheSettings(gpu_bytes=0, cpu_bytes=4 << 20, max_body_bytes=2 << 20)
     rng = np.random.default_rng(12)
-    with Server(SafeCache(settings), tokens) as running, SafeCacheClient(running.url, "tok-alice") as alice, \
-            SafeCacheClient(running.url, "tok-bob") as bob:
+    with (
+        Server(SafeCache(settings), tokens) as running,
+        SafeCacheClient(running.url, "tok-alice") as alice,
+        SafeCacheClient(running.url, "tok-bob") as bob,
+    ):
         quiet = [unit(rng, DIM) for _ in range(7)]
         for i, e in enumerate(quiet):  # 7 x 128 KiB = 896 KiB, within bob's quarter (1 MiB)
             bob.put("m", e, kv(i, 128 << 10))
@@ -276,12 +314,14 @@ def test_a_quota_over_http_is_429(server) -> None:
     server.cache.settings = server.cache.settings.model_copy(update={"max_models_per_tenant": 2})
     rng = np.random.default_rng(8)
     with httpx.Client(base_url=server.url, headers=ALICE) as http:
-        codes = [http.post("/v1/kv", content=body(unit(rng, DIM), kv(i), model_id=f"m{i}")).status_code
-                 for i in range(3)]
+        codes = [
+            http.post("/v1/kv", content=body(unit(rng, DIM), kv(i), model_id=f"m{i}")).status_code for i in range(3)
+        ]
     assert codes == [201, 201, 429]
 
 
 # -- bodies: slow, truncated, too many at once ---------------------------------------------------
+
 
 def _raw_request(port: int, head: bytes, part: bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -290,10 +330,12 @@ def _raw_request(port: int, head: bytes, part: bytes) -> socket.socket:
 
 
 def test_a_body_that_never_arrives_is_answered_408_within_the_timeout(server) -> None:
-    head = (b"POST /v1/kv/lookup HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-alice\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 10\r\n\r\n")
+    head = (
+        b"POST /v1/kv/lookup HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-alice\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 10\r\n\r\n"
+    )
     started = time.monotonic()
-    sock = _raw_request(server.port, head, b"{\"a\"")
+    sock = _raw_request(server.port, head, b'{"a"')
     reply = sock.recv(4096)
     sock.close()
     assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive" in reply
@@ -302,13 +344,17 @@ def test_a_body_that_never_arrives_is_answered_408_within_the_timeout(server) ->
 
 def test_too_many_bytes_in_flight_is_503_with_retry_after(server) -> None:
     size = 1 << 20  # declared by a slow upload that holds its bytes
-    head = (f"POST /v1/kv HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-alice\r\n"
-            f"Content-Type: application/octet-stream\r\nContent-Length: {size}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/kv HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-alice\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Length: {size}\r\n\r\n"
+    ).encode()
     slow = _raw_request(server.port, head, b"x" * 1000)
     try:
         time.sleep(0.2)
         with httpx.Client(base_url=server.url, headers=ALICE) as http:
-            busy = http.post("/v1/kv", content=body(unit(np.random.default_rng(9), DIM), kv(1, 600 << 10), model_id="m"))
+            busy = http.post(
+                "/v1/kv", content=body(unit(np.random.default_rng(9), DIM), kv(1, 600 << 10), model_id="m")
+            )
         assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
         assert "retry" in busy.json()["error"]
     finally:
@@ -319,6 +365,7 @@ def test_too_many_bytes_in_flight_is_503_with_retry_after(server) -> None:
 
 
 # -- restores that one bad file cannot stop ------------------------------------------------------
+
 
 def _snapshot(tmp_path: Path, count: int = 6) -> tuple[Path, list[str], list[np.ndarray]]:
     cache = SafeCache(CacheSettings(gpu_bytes=0))
@@ -334,9 +381,16 @@ def _truncate(path: Path, keep: int) -> None:
     path.write_bytes(path.read_bytes()[:keep])
 
 
-@pytest.mark.parametrize(("corruption", "lost"), [("truncated entry", 1), ("deleted entry", 1),
-                                                ("garbage entry", 1), ("truncated manifest", 0),
-                                                ("string expires_at", 0)])
+@pytest.mark.parametrize(
+    ("corruption", "lost"),
+    [
+        ("truncated entry", 1),
+        ("deleted entry", 1),
+        ("garbage entry", 1),
+        ("truncated manifest", 0),
+        ("string expires_at", 0),
+    ],
+)
 def test_every_intact_entry_comes_back_and_the_bad_file_is_moved_aside(tmp_path, corruption, lost) -> None:
     folder, ids, embeddings = _snapshot(tmp_path)
     bad = folder / f"{ids[2]}.safetensors"
@@ -378,8 +432,12 @@ def test_the_server_starts_with_a_damaged_snapshot_and_restores_the_rest(tmp_pat
     tokens.write_text(json.dumps({"tok-alice": "alice"}))
     port = free_port()
     exe = str(Path(sys.executable).with_name("mmlake"))
-    proc = subprocess.Popen([exe, "cache", "serve", "--port", str(port), "--tokens", str(tokens),
-                             "--snapshot-dir", str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [exe, "cache", "serve", "--port", str(port), "--tokens", str(tokens), "--snapshot-dir", str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_server(f"http://127.0.0.1:{port}", process=proc)
         with SafeCacheClient(f"http://127.0.0.1:{port}", "tok-alice") as alice:

@@ -17,8 +17,13 @@ from mmlake.cache import CacheSettings, SafeCache
 from mmlake.cache.server import create_app
 from tests.cache.helpers import TOKENS
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
-          response_headers_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
 
 
 # Made at import: building the app does no I/O and starts nothing (requests go through ASGI in process).

@@ -65,7 +65,10 @@ def test_raw_http_shapes(server) -> None:
         assert http.get("/metrics").status_code == 403  # a tenant's token: operators only
         metrics = http.get("/metrics", headers={"Authorization": "Bearer tok-ops"})
         assert metrics.status_code == 200
-        assert 'safecache_hits_total{tenant="alice"} 1.0' in metrics.text and "safecache_lookup_seconds_bucket" in metrics.text
+        assert (
+            'safecache_hits_total{tenant="alice"} 1.0' in metrics.text
+            and "safecache_lookup_seconds_bucket" in metrics.text
+        )
         assert 'safecache_bytes{tenant="alice",tier="cpu"}' in metrics.text
     assert httpx.get(f"{server.url}/healthz").status_code == 200
 
@@ -167,12 +170,23 @@ def test_budget_holds_under_overload_and_server_keeps_answering(server) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.services  # `mmlake cache serve` processes
 def test_cli_server_restores_its_entries_after_a_restart(tmp_path) -> None:
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({**TOKENS.tenants, **{t: {"operator": True} for t in TOKENS.operators}}))
     exe = shutil.which("mmlake", path=os.path.dirname(sys.executable))
     port = free_port()
-    args = [exe, "cache", "serve", "--port", str(port), "--tokens", str(tokens), "--snapshot-dir", str(tmp_path / "snap")]
+    args = [
+        exe,
+        "cache",
+        "serve",
+        "--port",
+        str(port),
+        "--tokens",
+        str(tokens),
+        "--snapshot-dir",
+        str(tmp_path / "snap"),
+    ]
 
     def start() -> subprocess.Popen[str]:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -15,24 +15,33 @@ from tests.cache.helpers import kv, unit
 from tests.cache.test_server import Server
 
 DIM = 16
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def write_features(lake: str, stream: str, embeddings: np.ndarray, modality: str = "image", first: int = 0) -> None:
     n, dim = embeddings.shape
-    table = pa.table({
-        "record_id": [f"r{i}" for i in range(first, first + n)],
-        "sample_id": [f"s{i}" for i in range(first, first + n)],
-        "modality": [modality] * n,
-        "event_time": pa.array([T0 + timedelta(seconds=i) for i in range(n)], pa.timestamp("us", tz="UTC")),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1), pa.float32()), dim),
-    })
+    table = pa.table(
+        {
+            "record_id": [f"r{i}" for i in range(first, first + n)],
+            "sample_id": [f"s{i}" for i in range(first, first + n)],
+            "modality": [modality] * n,
+            "event_time": pa.array([T0 + timedelta(seconds=i) for i in range(n)], pa.timestamp("us", tz="UTC")),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1), pa.float32()), dim),
+        }
+    )
     write_deltalake(f"{lake}/{stream}/features", table, mode="append")
 
 
 def write_drift(lake: str, stream: str, window_end: datetime, alarm: bool) -> None:
-    table = pa.table({"window_end": pa.array([window_end], pa.timestamp("us", tz="UTC")),
-                      "metric": ["mutual_information"], "value": [0.1], "threshold": [0.5], "alarm": [alarm]})
+    table = pa.table(
+        {
+            "window_end": pa.array([window_end], pa.timestamp("us", tz="UTC")),
+            "metric": ["mutual_information"],
+            "value": [0.1],
+            "threshold": [0.5],
+            "alarm": [alarm],
+        }
+    )
     write_deltalake(f"{lake}/{stream}/drift", table, mode="append")
 
 
@@ -73,8 +82,11 @@ def test_rows_of_each_width_are_keyed_with_the_lsh_of_their_width(tmp_path) -> N
     write_features(lake, "s", wide, "image", first=100)  # a trained image encoder: other width
     settings = CacheSettings()
     keyed, versions = precompute_keys(lake, "s", settings)
-    assert keyed == 12 and len(versions) == 2 and {":d16:", ":d40:"} == {v[v.index(":d"):v.index(":b") + 1]
-                                                                         for v in versions}
+    assert (
+        keyed == 12
+        and len(versions) == 2
+        and {":d16:", ":d40:"} == {v[v.index(":d") : v.index(":b") + 1] for v in versions}
+    )
     rows = {r["record_id"]: r for r in DeltaTable(f"{lake}/s/cache_keys").to_pyarrow_table().to_pylist()}
     assert rows["r0"]["lsh_keys"] == expected_keys(narrow[0], settings)
     assert rows["r100"]["lsh_keys"] == expected_keys(wide[0], settings)
@@ -106,8 +118,9 @@ def test_warmup_flow_invalidates_the_drifting_stream_only(prefect_harness, tmp_p
         drifting = alice.put("m", unit(rng, DIM), kv(1), source="s")
         steady = alice.put("m", unit(rng, DIM), kv(2), source="other")
         result = cache_warmup(stream="s", lake=LakeSettings(lake=lake), cache_url=running.url, token="tok-alice")
-        assert result == WarmupResult(keyed=4, lsh_versions=[f"hplsh-v1:d{DIM}:b13:t12:s20260101"],
-                                      drift_alarm=True, invalidated=1)
+        assert result == WarmupResult(
+            keyed=4, lsh_versions=[f"hplsh-v1:d{DIM}:b13:t12:s20260101"], drift_alarm=True, invalidated=1
+        )
         ids = {e.id for e in running.cache.entries()}
         assert drifting["id"] not in ids and steady["id"] in ids
         again = cache_warmup(stream="s", lake=LakeSettings(lake=lake), cache_url=running.url, token="tok-alice")

@@ -30,15 +30,23 @@ def _small_lm(sliding_window: int | None = None, dtype: torch.dtype = torch.floa
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     torch.manual_seed(1)
-    common = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab_size": 97}
+    common = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 97,
+    }
     if sliding_window is None:
         return LlamaForCausalLM(LlamaConfig(**common)).eval().to(dtype)
     return MistralForCausalLM(MistralConfig(**common, sliding_window=sliding_window)).eval().to(dtype)
 
 
-@pytest.mark.parametrize(("sliding_window", "dtype"), [(None, torch.float32), (None, torch.bfloat16),
-                                                      (None, torch.float16), (6, torch.float32)])
+@pytest.mark.parametrize(
+    ("sliding_window", "dtype"),
+    [(None, torch.float32), (None, torch.bfloat16), (None, torch.float16), (6, torch.float32)],
+)
 def test_kv_round_trips_names_dtypes_shapes_and_values(sliding_window, dtype) -> None:
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
@@ -51,7 +59,10 @@ def test_kv_round_trips_names_dtypes_shapes_and_values(sliding_window, dtype) ->
         expected_names |= {f"layers.{i}.{kind}" for i in range(3) for kind in ("sliding_window", "cumulative_length")}
     assert set(tensors) == expected_names
     assert tensors["layers.0.keys"].dtype == dtype and tensors["layers.0.keys"].shape[:3] == (
-        1, 2, min(11, (sliding_window or 99) - 1))
+        1,
+        2,
+        min(11, (sliding_window or 99) - 1),
+    )
     # Through safetensors (what SafeCache stores and serves) and back.
     from safetensors.torch import load, save
 
@@ -98,7 +109,9 @@ def test_prefix_helper_misses_stores_then_hits_and_never_crosses_models_tenants_
     assert again.hit and again.similarity == pytest.approx(1.0, abs=1e-6)
     suffix = torch.tensor([[40, 41, 42]])
     (reused_tokens, reused_logits), (fresh_tokens, fresh_logits) = (
-        greedy(lm, again.cache, suffix, 5), greedy(lm, compute_prefix(lm, prefix), suffix, 5))
+        greedy(lm, again.cache, suffix, 5),
+        greedy(lm, compute_prefix(lm, prefix), suffix, 5),
+    )
     assert reused_tokens == fresh_tokens and torch.equal(reused_logits, fresh_logits)
     # Another model, another tenant, another prompt (other prefix ids): all recompute.
     assert not reuse_prefix(lm, prefix, image, store, model_id="lm-b", tenant="alice", store_on_miss=False).hit
@@ -158,17 +171,24 @@ def test_the_http_endpoint_answers_and_refuses_bad_requests_in_one_line(model, e
         image = base64.b64encode(demo_images()["image B"]).decode()
         ok = httpx.post(url, json={"image": image, "prompt": "hello", "max_new_tokens": 3}, timeout=60)
         assert ok.status_code == 200 and len(ok.json()["tokens"]) == 3 and ok.json()["cache_hit"] is False
-        for body in ({"image": "not base64!"}, {"prompt": "no image"}, {"image": base64.b64encode(b"junk").decode()},
-                     {"image": image, "max_new_tokens": 10_000}, {"image": image, "prompt": "x" * 100_000},
-                     [1, 2], {"image": image, "max_new_tokens": "many"}):
+        for body in (
+            {"image": "not base64!"},
+            {"prompt": "no image"},
+            {"image": base64.b64encode(b"junk").decode()},
+            {"image": image, "max_new_tokens": 10_000},
+            {"image": image, "prompt": "x" * 100_000},
+            [1, 2],
+            {"image": image, "max_new_tokens": "many"},
+        ):
             bad = httpx.post(url, content=json.dumps(body), timeout=60)
             assert bad.status_code == 400 and "\n" not in bad.json()["error"], body
         assert httpx.post(url, content=b"{", timeout=60).status_code == 400
     finally:
         http.shutdown()
     # The one good request stored its prefix under its image; nothing else was stored.
-    assert isinstance(store.lookup("t", server.model_id, embedder(demo_images()["image B"]),
-                                   salt=prefix_salt(server.prefix_ids)), Hit)
+    assert isinstance(
+        store.lookup("t", server.model_id, embedder(demo_images()["image B"]), salt=prefix_salt(server.prefix_ids)), Hit
+    )
     assert len(store.entries()) == 1
     assert isinstance(store.lookup("t", "another-model", np.ones(1280, np.float32)), Miss)
 
@@ -183,31 +203,48 @@ def test_a_body_that_never_arrives_is_cut_off(model, embedder, monkeypatch) -> N
     http = serve(VisionLanguageServer(model, SafeCache(CacheSettings()), embedder, tenant="t"))
     try:
         with socket.create_connection(("127.0.0.1", http.server_address[1]), timeout=20) as sock:
-            sock.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"ima")
+            sock.sendall(b'POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"ima')
             started = time.monotonic()
             answer = sock.recv(4096)
             assert time.monotonic() - started < 10
         assert answer == b"" or answer.startswith(b"HTTP/1.")  # closed, or a one-line refusal
-        ok = httpx.post(f"http://127.0.0.1:{http.server_address[1]}/v1/generate", timeout=60,
-                        json={"image": base64.b64encode(demo_images()["image B"]).decode(), "max_new_tokens": 1})
+        ok = httpx.post(
+            f"http://127.0.0.1:{http.server_address[1]}/v1/generate",
+            timeout=60,
+            json={"image": base64.b64encode(demo_images()["image B"]).decode(), "max_new_tokens": 1},
+        )
         assert ok.status_code == 200  # the server goes on
     finally:
         http.shutdown()
 
 
 @pytest.mark.slow
-def test_the_example_runs_against_a_cache_server_it_starts_and_prints_ttft_with_and_without_a_hit(operator_cache) -> None:
+@pytest.mark.services  # the example starts a cache server process
+def test_the_example_runs_against_a_cache_server_it_starts_and_prints_ttft_with_and_without_a_hit(
+    operator_cache,
+) -> None:
     import re
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "examples.vlm_server", "--image-tokens", "256"], cwd=root,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.vlm_server", "--image-tokens", "256"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "SEEDED weights" in out and "image_efficientnet_lite0@2 embeddings (trained)" in out
     lines = dict(re.findall(r"^\s+(image [^\n]*?)\s+time to first token\s+[\d.]+ ms\s+(hit|miss)", out, re.M))
-    assert lines == {"image A": "miss", "image A again": "hit", "image A, cropped": "hit",
-                     "image A, JPEG q75": lines.get("image A, JPEG q75"), "image B": "miss", "image B again": "hit"}, out
+    assert lines == {
+        "image A": "miss",
+        "image A again": "hit",
+        "image A, cropped": "hit",
+        "image A, JPEG q75": lines.get("image A, JPEG q75"),
+        "image B": "miss",
+        "image B again": "hit",
+    }, out

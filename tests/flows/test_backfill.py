@@ -27,12 +27,11 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
 
     from mmlake.flows.backfill import backfill
     from mmlake.flows.stages import BackfillPlan
-    from mmlake.preprocessing.drift.settings import ReferenceRange
-    from mmlake.settings import LakeSettings
     from mmlake.preprocessing.drift.run import run_drift
+    from mmlake.preprocessing.drift.settings import DriftSettings, ReferenceRange
     from mmlake.preprocessing.incremental import run_preprocess
-    from mmlake.preprocessing.drift.settings import DriftSettings
     from mmlake.preprocessing.settings import PreprocessSettings
+    from mmlake.settings import LakeSettings
     from tests.preprocessing.helpers import synth_parts, write_raw
 
     lake = str(tmp_path / "lake")
@@ -69,10 +68,17 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
 
     async def names() -> list[str]:
         async with get_client() as client:
-            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[
-                "backfill s 2026-01-01T00:00:00Z..2026-01-02T00:00:00Z",
-                "backfill s 2026-01-02T00:00:00Z..2026-01-03T00:00:00Z",
-                f"backfill s {start}..{end} (preprocess,drift)"])))
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    name=FlowRunFilterName(
+                        any_=[
+                            "backfill s 2026-01-01T00:00:00Z..2026-01-02T00:00:00Z",
+                            "backfill s 2026-01-02T00:00:00Z..2026-01-03T00:00:00Z",
+                            f"backfill s {start}..{end} (preprocess,drift)",
+                        ]
+                    )
+                )
+            )
             return sorted(r.name for r in runs)
 
     found = anyio.run(names)
@@ -87,8 +93,12 @@ def test_backfill_across_stages_is_per_day_and_idempotent(prefect_harness, small
 
     # A backfill may move the drift reference: rescored from the samples of the range given, which
     # later rebuilds keep.
-    moved = backfill(stream="s", plan=drift_only, lake=settings,
-                     reference=ReferenceRange(start="2026-01-01T12:00:00Z", end="2026-01-02T12:00:00Z"))
+    moved = backfill(
+        stream="s",
+        plan=drift_only,
+        lake=settings,
+        reference=ReferenceRange(start="2026-01-01T12:00:00Z", end="2026-01-02T12:00:00Z"),
+    )
     assert "samples 21..60 (2026-01-01T12:00:00Z..2026-01-02T12:00:00Z)" in str(moved.drift_status)
     assert min(tables.open("drift").to_pyarrow_table().column("first_sample").to_pylist()) == 60
     kept = backfill(stream="s", plan=drift_only, lake=settings)
@@ -99,11 +109,42 @@ def test_backfill_refuses_bad_ranges_and_stages_in_one_line(tmp_path, capsys) ->
     from mmlake.flows.cli import main
 
     lake = str(tmp_path / "lake")
-    assert main(["backfill", "--stream", "s", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T00:00:00Z",
-                 "--lake", lake]) == 1
+    assert (
+        main(
+            [
+                "backfill",
+                "--stream",
+                "s",
+                "--from",
+                "2026-01-01T00:00:00Z",
+                "--to",
+                "2026-01-01T00:00:00Z",
+                "--lake",
+                lake,
+            ]
+        )
+        == 1
+    )
     assert capsys.readouterr().err.strip() == (
-        "mmlake: error: --from must be before --to (got 2026-01-01T00:00:00Z .. 2026-01-01T00:00:00Z)")
-    assert main(["backfill", "--stream", "s", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z",
-                 "--stages", "preprocess,train", "--lake", lake]) == 1
+        "mmlake: error: --from must be before --to (got 2026-01-01T00:00:00Z .. 2026-01-01T00:00:00Z)"
+    )
+    assert (
+        main(
+            [
+                "backfill",
+                "--stream",
+                "s",
+                "--from",
+                "2026-01-01T00:00:00Z",
+                "--to",
+                "2026-01-02T00:00:00Z",
+                "--stages",
+                "preprocess,train",
+                "--lake",
+                lake,
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip()
     assert err == "mmlake: error: unknown backfill stage(s) train: choose from preprocess, drift"

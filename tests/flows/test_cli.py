@@ -37,8 +37,9 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, capsys) -> None:
 
 def test_unreachable_broker_is_one_line_and_fast(tmp_path, capsys) -> None:
     started = time.monotonic()
-    code = main(["ingest", "--topic", "t", "--stream", "s", "--lake", str(tmp_path),
-                 "--bootstrap", f"127.0.0.1:{free_port()}"])
+    code = main(
+        ["ingest", "--topic", "t", "--stream", "s", "--lake", str(tmp_path), "--bootstrap", f"127.0.0.1:{free_port()}"]
+    )
     assert code == 1
     assert time.monotonic() - started < 15
     err = capsys.readouterr().err.strip().splitlines()
@@ -64,9 +65,9 @@ def test_compact_and_read_on_a_missing_stream(tmp_path, capsys) -> None:
 def test_produce_ingest_read_compact_as_a_user_would(broker, tmp_path) -> None:
     """The console script in a subprocess, as the README shows it (one Prefect start, ~15 s)."""
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text("".join(
-        f'{{"text": "caption {i}", "event_time": {T0_MS + i * 1000}, "sample_id": "s{i}"}}\n' for i in range(5)
-    ))
+    manifest.write_text(
+        "".join(f'{{"text": "caption {i}", "event_time": {T0_MS + i * 1000}, "sample_id": "s{i}"}}\n' for i in range(5))
+    )
     exe = shutil.which("mmlake", path=os.path.dirname(sys.executable))
     assert exe, "the mmlake console script is installed beside the interpreter"
     env = {**os.environ, "MMLAKE_KAFKA_BOOTSTRAP": broker.bootstrap, "MMLAKE_LAKE": str(tmp_path / "lake")}
@@ -93,6 +94,7 @@ def test_produce_ingest_read_compact_as_a_user_would(broker, tmp_path) -> None:
     assert "cli/raw: z-ordered by event_time" in compacted.stdout
 
 
+@pytest.mark.services  # `mmlake broker` in a process of its own
 def test_broker_command_serves_until_terminated() -> None:
     import signal
 
@@ -115,8 +117,19 @@ def test_broker_command_serves_until_terminated() -> None:
 
 def test_missing_topic_is_one_line_before_prefect_starts(broker, tmp_path, capsys) -> None:
     started = time.monotonic()
-    code = main(["ingest", "--topic", "no-such-topic", "--stream", "s", "--lake", str(tmp_path),
-                 "--bootstrap", broker.bootstrap])
+    code = main(
+        [
+            "ingest",
+            "--topic",
+            "no-such-topic",
+            "--stream",
+            "s",
+            "--lake",
+            str(tmp_path),
+            "--bootstrap",
+            broker.bootstrap,
+        ]
+    )
     assert code == 1 and time.monotonic() - started < 10
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"mmlake: error: topic 'no-such-topic' does not exist at {broker.bootstrap}"]
@@ -136,32 +149,69 @@ def test_bad_input_is_one_line_without_a_traceback(broker, new_topic, tmp_path, 
     a_file.write_text("not a lake")
     assert "is a file" in _one_line_error(capsys, ["read", "--stream", "s", "--lake", str(a_file / "lake")])
     assert "bad time bound" in _one_line_error(
-        capsys, ["read", "--stream", "s", "--lake", str(tmp_path), "--from", "100000000000000000"])
+        capsys, ["read", "--stream", "s", "--lake", str(tmp_path), "--from", "100000000000000000"]
+    )
     assert "outside years 1..9999" in _one_line_error(
-        capsys, ["backfill", "--stream", "s", "--lake", str(tmp_path), "--from", "2026-01-01T00:00:00Z",
-                 "--to", "99999999999999999"])
+        capsys,
+        [
+            "backfill",
+            "--stream",
+            "s",
+            "--lake",
+            str(tmp_path),
+            "--from",
+            "2026-01-01T00:00:00Z",
+            "--to",
+            "99999999999999999",
+        ],
+    )
     # --partitions naming a partition the topic lacks: refused before Prefect starts or a table exists.
     topic = new_topic(partitions=2)
     started = time.monotonic()
-    message = _one_line_error(capsys, ["ingest", "--topic", topic, "--stream", "s", "--lake", str(tmp_path / "lake"),
-                                       "--bootstrap", broker.bootstrap, "--partitions", "1,5"])
+    message = _one_line_error(
+        capsys,
+        [
+            "ingest",
+            "--topic",
+            topic,
+            "--stream",
+            "s",
+            "--lake",
+            str(tmp_path / "lake"),
+            "--bootstrap",
+            broker.bootstrap,
+            "--partitions",
+            "1,5",
+        ],
+    )
     assert "has no partition 5 (it has 2: 0..1)" in message and time.monotonic() - started < 10
     assert not (tmp_path / "lake" / "s").exists()
     # A lake under /proc: refused before Prefect starts.
     assert "cannot create the lake folder /proc/mmlake-lake" in _one_line_error(
-        capsys, ["ingest", "--topic", topic, "--stream", "s", "--lake", "/proc/mmlake-lake",
-                 "--bootstrap", broker.bootstrap])
+        capsys,
+        ["ingest", "--topic", topic, "--stream", "s", "--lake", "/proc/mmlake-lake", "--bootstrap", broker.bootstrap],
+    )
     tokens = tmp_path / "tokens.json"
     tokens.write_bytes(b'{"t\xff": "team"}')
     assert "is not UTF-8" in _one_line_error(capsys, ["cache", "serve", "--tokens", str(tokens)])
     assert "is a file, not a folder" in _one_line_error(
-        capsys, ["cache", "serve", "--tokens", str(tokens), "--snapshot-dir", str(a_file)])
+        capsys, ["cache", "serve", "--tokens", str(tokens), "--snapshot-dir", str(a_file)]
+    )
     monkeypatch.setenv("MMLAKE_STORAGE_OPTIONS", "notjson")
     assert "bad setting" in _one_line_error(capsys, ["read", "--stream", "s", "--lake", str(tmp_path)])
     # An object store nobody answers at: delta-rs gives up after its retries, and says so in one line.
-    monkeypatch.setenv("MMLAKE_STORAGE_OPTIONS", json.dumps({
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}))
+    monkeypatch.setenv(
+        "MMLAKE_STORAGE_OPTIONS",
+        json.dumps(
+            {
+                "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+                "AWS_ALLOW_HTTP": "true",
+                "AWS_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": "x",
+                "AWS_SECRET_ACCESS_KEY": "y",
+            }
+        ),
+    )
     unreachable = _one_line_error(capsys, ["read", "--stream", "s", "--lake", "s3://nobody/lake"])
     assert "Error performing GET http://127.0.0.1" in unreachable and "\x1b" not in unreachable
 

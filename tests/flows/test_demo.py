@@ -8,8 +8,9 @@ import pytest
 
 
 @pytest.mark.slow
-def test_small_demo_runs_every_stage_and_prints_true_counts(prefect_harness, tmp_path, capsys, operator_cache,
-                                                            default_lineage) -> None:
+def test_small_demo_runs_every_stage_and_prints_true_counts(
+    prefect_harness, tmp_path, capsys, operator_cache, default_lineage
+) -> None:
     from deltalake import DeltaTable
 
     from mmlake.flows.demo import run_demo

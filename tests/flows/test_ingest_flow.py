@@ -33,13 +33,17 @@ def test_flow_ingests_and_reports(prefect_harness, producer, new_topic, settings
     result = ingest_stream(topic=topic, stream="s", settings=settings.with_overrides(allowed_lateness_s=120))
     assert result.accepted == sum(exp.raw_ids.values())
     assert (result.late, result.dead_lettered, result.duplicates) == (
-        sum(exp.late_ids.values()), exp.dlq, exp.duplicates)
+        sum(exp.late_ids.values()),
+        exp.dlq,
+        exp.duplicates,
+    )
     again = ingest_stream(topic=topic, stream="s", settings=settings)
     assert again.accepted == 0 and again.batches == 0
 
 
 def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypatch, tmp_path) -> None:
     import mmlake.flows.ingest as module
+
     monkeypatch.setenv("MMLAKE_KAFKA_TIMEOUT_S", "0.5")
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
     settings = IngestSettings(lake=str(tmp_path), kafka_bootstrap=f"127.0.0.1:{free_port()}")
@@ -54,6 +58,7 @@ def test_transient_broker_errors_are_retried_then_fail(prefect_harness, monkeypa
 
 def test_non_transient_errors_are_not_retried(prefect_harness, broker, monkeypatch, tmp_path) -> None:
     import mmlake.flows.ingest as module
+
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
     settings = IngestSettings(lake=str(tmp_path), kafka_bootstrap=broker.bootstrap)
     state = module.ingest_stream(topic="no-such-topic", stream="s", settings=settings, return_state=True)
@@ -77,12 +82,14 @@ def test_prefect_yaml_points_at_the_flow() -> None:
     from pathlib import Path
 
     import yaml
-
     from prefect.flows import load_flow_from_entrypoint
 
     spec = yaml.safe_load((Path(__file__).parents[2] / "flows" / "prefect.yaml").read_text())
-    names = {"mmlake.flows.pipeline.stream_pipeline": "stream-pipeline",
-             "mmlake.flows.cache.cache_warmup": "cache-warmup", "mmlake.flows.backfill.backfill": "backfill"}
+    names = {
+        "mmlake.flows.pipeline.stream_pipeline": "stream-pipeline",
+        "mmlake.flows.cache.cache_warmup": "cache-warmup",
+        "mmlake.flows.backfill.backfill": "backfill",
+    }
     assert {d["entrypoint"] for d in spec["deployments"]} == set(names)
     for deployment in spec["deployments"]:
         flow = load_flow_from_entrypoint(deployment["entrypoint"])  # as a Prefect worker loads it
@@ -93,9 +100,9 @@ def test_prefect_yaml_points_at_the_flow() -> None:
 
 
 def test_pipeline_and_cache_deployments_run_one_at_a_time() -> None:
+    from mmlake.errors import InputError
     from mmlake.flows.deployments import cache_warmup_deployment, pipeline_deployment
     from mmlake.flows.stages import parse_pipeline_stages
-    from mmlake.errors import InputError
 
     pipe = pipeline_deployment("t", "s", partitions=[0, 2], interval_s=30)
     assert pipe.name == "pipeline-s-p0-2" and pipe.parameters["partitions"] == [0, 2]

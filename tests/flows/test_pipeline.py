@@ -14,8 +14,9 @@ T0_MS = 1_767_225_600_000
 
 
 @pytest.mark.slow
-def test_pipeline_runs_its_stages_in_order_and_emits_lineage(prefect_harness, producer, new_topic, settings,
-                                                             default_lineage) -> None:
+def test_pipeline_runs_its_stages_in_order_and_emits_lineage(
+    prefect_harness, producer, new_topic, settings, default_lineage
+) -> None:
     from mmlake.flows.pipeline import stream_pipeline
 
     topic = new_topic(partitions=1)

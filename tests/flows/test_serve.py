@@ -25,12 +25,21 @@ def test_served_deployment_runs_on_its_schedule(broker, producer, new_topic, tmp
     producer.flush()
     lake = tmp_path / "lake"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MMLAKE_"))}
-    env.update(MMLAKE_LAKE=str(lake), MMLAKE_KAFKA_BOOTSTRAP=broker.bootstrap, PREFECT_HOME=str(tmp_path / "prefect"),
-               MMLAKE_PREPROCESS_CACHE_DIR=operator_cache)
+    env.update(
+        MMLAKE_LAKE=str(lake),
+        MMLAKE_KAFKA_BOOTSTRAP=broker.bootstrap,
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        MMLAKE_PREPROCESS_CACHE_DIR=operator_cache,
+    )
     exe = shutil.which("mmlake", path=os.path.dirname(sys.executable))
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([exe, "serve", "--topic", topic, "--stream", "s", "--interval", "5"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, "serve", "--topic", topic, "--stream", "s", "--interval", "5"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     rows = features = 0
     try:
         deadline = time.monotonic() + 240

@@ -19,12 +19,21 @@ from deltalake import DeltaTable
 from mmlake.ingest.broker import free_port
 from tests.preprocessing.helpers import T0_MS, synth_parts, write_raw
 
+#: A Prefect server, a work pool and a worker process.
+pytestmark = pytest.mark.services
+
 ROOT = Path(__file__).parents[2]
 
 
 def _prefect(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120) -> str:
-    done = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     return done.stdout
 
@@ -45,11 +54,20 @@ def test_deploy_worker_and_a_backfill_run_with_parameters(tmp_path: Path, operat
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MMLAKE_"))}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_ENABLED="false", MMLAKE_LAKE=str(lake), MMLAKE_PREPROCESS_CACHE_DIR=operator_cache)
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+        MMLAKE_LAKE=str(lake),
+        MMLAKE_PREPROCESS_CACHE_DIR=operator_cache,
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     worker = None
     try:
         deadline = time.monotonic() + 120
@@ -70,11 +88,18 @@ def test_deploy_worker_and_a_backfill_run_with_parameters(tmp_path: Path, operat
         assert deployments["backfill"]["pull_steps"] in (None, [])
 
         log = (tmp_path / "worker.log").open("w")
-        worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "mmlake"],
-                                  env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "mmlake"],
+            env=env,
+            cwd=work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         plan = {"start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z", "stages": "preprocess"}
-        started = _prefect(env, work, "deployment", "run", "backfill/backfill", "-p", "stream=s",
-                           "-p", f"plan={json.dumps(plan)}")
+        started = _prefect(
+            env, work, "deployment", "run", "backfill/backfill", "-p", "stream=s", "-p", f"plan={json.dumps(plan)}"
+        )
         run_id = next(line.split()[-1] for line in started.splitlines() if "UUID" in line)
         state = None
         deadline = time.monotonic() + 240
@@ -86,8 +111,11 @@ def test_deploy_worker_and_a_backfill_run_with_parameters(tmp_path: Path, operat
             time.sleep(1)
         assert state == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
         features = DeltaTable(str(lake / "s" / "features")).to_pyarrow_table(columns=["record_id", "event_time"])
-        expected = {r for r, t in zip(raw.column("record_id").to_pylist(),
-                                      raw.column("event_time").cast("int64").to_pylist()) if t < T0_MS * 1000 + 86_400_000_000}
+        expected = {
+            r
+            for r, t in zip(raw.column("record_id").to_pylist(), raw.column("event_time").cast("int64").to_pylist())
+            if t < T0_MS * 1000 + 86_400_000_000
+        }
         assert set(features.column("record_id").to_pylist()) == expected and expected
         # The paused demo schedules made no runs (the backfill's per-day child runs have no deployment).
         runs = _api(f"{api}/flow_runs/filter")

@@ -24,15 +24,26 @@ def test_both_clients_write_the_same_rows_for_the_same_records(broker, producer,
     topic = new_topic(partitions=2)
     produce_mixed(producer, topic, partitions=2, per_partition=30)
     headers = [(b"mm-event-time", str(T0_MS + 1).encode()), (b"mm-modality", b"text")]
-    produce_raw(broker.bootstrap, topic, 1, [RawRecord(b"bad key", headers=[*headers, (b"\xff\xfek", b"v")],
-                                                       timestamp_ms=T0_MS),
-                                             RawRecord(None, key=b"tomb", headers=headers, timestamp_ms=T0_MS),
-                                             RawRecord(b"fine", headers=headers, timestamp_ms=T0_MS)])
+    produce_raw(
+        broker.bootstrap,
+        topic,
+        1,
+        [
+            RawRecord(b"bad key", headers=[*headers, (b"\xff\xfek", b"v")], timestamp_ms=T0_MS),
+            RawRecord(None, key=b"tomb", headers=headers, timestamp_ms=T0_MS),
+            RawRecord(b"fine", headers=headers, timestamp_ms=T0_MS),
+        ],
+    )
     lakes = {}
     for client in sorted(SOURCES):
         lakes[client] = str(tmp_path / client)
-        settings = IngestSettings(lake=lakes[client], kafka_bootstrap=broker.bootstrap, kafka_client=client,
-                                  allowed_lateness_s=120, batch_max_records=7)
+        settings = IngestSettings(
+            lake=lakes[client],
+            kafka_bootstrap=broker.bootstrap,
+            kafka_client=client,
+            allowed_lateness_s=120,
+            batch_max_records=7,
+        )
         summary = run_ingest(topic, "s", settings)
         assert summary.accepted > 0 and summary.dead_lettered >= 2
     a, b = (lakes[c] for c in sorted(SOURCES))
@@ -43,7 +54,9 @@ def test_both_clients_write_the_same_rows_for_the_same_records(broker, producer,
 
 
 def test_an_unknown_client_is_refused_in_one_line(broker) -> None:
-    with pytest.raises(IngestError, match="^unknown Kafka client 'librdkafka': choose from confluent-kafka, kafka-python$"):
+    with pytest.raises(
+        IngestError, match="^unknown Kafka client 'librdkafka': choose from confluent-kafka, kafka-python$"
+    ):
         open_source("librdkafka", broker.bootstrap, "t")
     with pytest.raises(ValueError, match="kafka_client"):
         IngestSettings(kafka_client="librdkafka")
@@ -70,8 +83,9 @@ def test_fetches_cut_by_bytes_hand_out_every_record_once(broker, producer, new_t
                 assert sum(len(r.value) for r in batch[:-1]) < 5_000 or len(batch) == 1  # stops at the room
             for rec in batch:
                 got[rec.partition].append(rec.offset)
-                assert rec.value == bytes([65 + (2 * rec.offset + rec.partition) % 26]) * (1000 + 2 * rec.offset
-                                                                                           + rec.partition)
+                assert rec.value == bytes([65 + (2 * rec.offset + rec.partition) % 26]) * (
+                    1000 + 2 * rec.offset + rec.partition
+                )
     finally:
         source.close()
     assert got == {0: list(range(30)), 1: list(range(30))}

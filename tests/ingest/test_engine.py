@@ -17,8 +17,8 @@ from mmlake.ingest import (
     TopicNotFoundError,
     run_ingest,
 )
-from mmlake.lake import max_event_app_id, offset_app_id
 from mmlake.ingest.wire import Reason
+from mmlake.lake import max_event_app_id, offset_app_id
 from tests.fixtures.data import kafka_positions, png, record_id, table_rows, wav
 from tests.fixtures.streams import T0_MS, produce_mixed
 
@@ -58,8 +58,12 @@ def test_late_boundary_and_watermark_column(producer, new_topic, cfg) -> None:
     topic = new_topic()
     last_ms = T0_MS + 600_000
     watermark_ms = last_ms - LATENESS_S * 1000
-    for t_ms, text in [(T0_MS, "first"), (last_ms, "newest"), (watermark_ms, "at watermark"),
-                       (watermark_ms - 1, "just behind")]:
+    for t_ms, text in [
+        (T0_MS, "first"),
+        (last_ms, "newest"),
+        (watermark_ms, "at watermark"),
+        (watermark_ms - 1, "just behind"),
+    ]:
         producer.send(topic, text.encode(), "text", event_time=t_ms, partition=0)
     producer.flush()
     summary = run_ingest(topic, "s", cfg)
@@ -102,8 +106,10 @@ def test_every_malformed_class_goes_to_dlq_with_its_bytes(producer, new_topic, c
         Reason.MISSING_MODALITY: (b"c", [("mm-event-time", t)]),
         Reason.UNKNOWN_MODALITY: (b"d", [("mm-event-time", t), ("mm-modality", b"smell")]),
         Reason.BAD_HEADER: (b"e", [("mm-event-time", t), ("mm-modality", b"\xfftext")]),
-        Reason.CONTENT_TYPE_MISMATCH: (b"f", [("mm-event-time", t), ("mm-modality", b"text"),
-                                              ("content-type", b"audio/wav")]),
+        Reason.CONTENT_TYPE_MISMATCH: (
+            b"f",
+            [("mm-event-time", t), ("mm-modality", b"text"), ("content-type", b"audio/wav")],
+        ),
         Reason.OVERSIZE: (b"g" * 2000, [("mm-event-time", t), ("mm-modality", b"text")]),
         Reason.UNDECODABLE_IMAGE: (png()[:-30], [("mm-event-time", t), ("mm-modality", b"image")]),
         Reason.UNDECODABLE_AUDIO: (wav()[:-50], [("mm-event-time", t), ("mm-modality", b"audio")]),
@@ -159,8 +165,9 @@ def test_commits_are_sorted_by_event_time_and_partitioned_by_date(producer, new_
 def test_unreachable_broker_fails_fast_and_commits_nothing(tmp_path) -> None:
     from mmlake.ingest.broker import free_port
 
-    settings = IngestSettings(lake=str(tmp_path / "lake"), kafka_bootstrap=f"127.0.0.1:{free_port()}",
-                              kafka_timeout_s=1.0)
+    settings = IngestSettings(
+        lake=str(tmp_path / "lake"), kafka_bootstrap=f"127.0.0.1:{free_port()}", kafka_timeout_s=1.0
+    )
     started = time.monotonic()
     with pytest.raises(BrokerUnavailableError, match="cannot reach Kafka"):
         run_ingest("t", "s", settings)
@@ -200,8 +207,14 @@ def test_follow_mode_picks_up_new_records_until_stopped(producer, new_topic, cfg
     topic = new_topic()
     stop = threading.Event()
     seen: list[int] = []
-    run = IngestRun(topic, "s", cfg.with_overrides(idle_timeout_s=0.2), follow=True, stop=stop,
-                    on_batch=lambda s: seen.append(s.accepted))
+    run = IngestRun(
+        topic,
+        "s",
+        cfg.with_overrides(idle_timeout_s=0.2),
+        follow=True,
+        stop=stop,
+        on_batch=lambda s: seen.append(s.accepted),
+    )
     worker = threading.Thread(target=run.run)
     worker.start()
     try:

@@ -111,8 +111,9 @@ def test_kill_at_random_moments_then_rerun(producer, new_topic, settings) -> Non
 
 def _killed_after_raw(settings: IngestSettings, topic: str, batch: int) -> None:
     """One run whose first batch is committed to raw; it dies before late and dlq."""
-    proc = _ingest_process(settings, topic, MMLAKE_BATCH_MAX_RECORDS=str(batch),
-                           MMLAKE_FAULT_KILL_AT="after_commit:raw:1")
+    proc = _ingest_process(
+        settings, topic, MMLAKE_BATCH_MAX_RECORDS=str(batch), MMLAKE_FAULT_KILL_AT="after_commit:raw:1"
+    )
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err
 
@@ -243,11 +244,13 @@ def test_kill_while_side_tables_trail_then_rerun(producer, new_topic, settings) 
 
 
 @pytest.mark.slow
+@pytest.mark.services  # a broker of its own, stopped and started
 def test_broker_that_goes_away_mid_run(tmp_path) -> None:
     """The run fails with a one-line BrokerUnavailableError; what it committed is consistent."""
+    from deltalake import DeltaTable
+
     from mmlake.ingest import BrokerUnavailableError, EmbeddedBroker, IngestRun, MultimodalProducer, ensure_topic
     from mmlake.lake import offset_app_id
-    from deltalake import DeltaTable
 
     broker = EmbeddedBroker().start()
     try:
@@ -257,8 +260,9 @@ def test_broker_that_goes_away_mid_run(tmp_path) -> None:
             for i in range(50):
                 payload = f"r{i}".encode().ljust(1_000_000, b".")
                 producer.send("t", payload, "text", event_time=1_767_225_600_000 + i, partition=0)
-        settings = IngestSettings(lake=str(tmp_path / "lake"), kafka_bootstrap=broker.bootstrap,
-                                  batch_max_records=10, kafka_timeout_s=2)
+        settings = IngestSettings(
+            lake=str(tmp_path / "lake"), kafka_bootstrap=broker.bootstrap, batch_max_records=10, kafka_timeout_s=2
+        )
         run = IngestRun("t", "s", settings, on_batch=lambda s: broker.stop() if s.batches == 1 else None)
         with pytest.raises(BrokerUnavailableError) as info:
             run.run()
@@ -284,9 +288,16 @@ def test_two_workers_split_one_topic_by_partition(producer, new_topic, settings)
     processes would be), on one stream: exactly once, and each read only its partitions."""
     topic = new_topic(partitions=4)
     exp = produce_mixed(producer, topic, partitions=4, per_partition=40)
-    procs = [subprocess.Popen([sys.executable, "-c", RUN_PARTITIONS, topic, "s", parts], env=_env(settings),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for parts in ("0,2", "1,3")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RUN_PARTITIONS, topic, "s", parts],
+            env=_env(settings),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for parts in ("0,2", "1,3")
+    ]
     outputs = [p.communicate(timeout=180) for p in procs]
     for proc, (_, err) in zip(procs, outputs):
         assert proc.returncode == 0, err
@@ -304,11 +315,31 @@ def test_a_record_id_conflict_survives_a_kill_between_raw_and_dlq(broker, new_to
     topic = new_topic(partitions=2)
     base = 1_767_225_600_000
     text = [(b"mm-modality", b"text"), (b"mm-record-id", b"reused")]
-    produce_raw(broker.bootstrap, topic, 0, [RawRecord(b"the original", headers=[*text, (b"mm-event-time", str(base + 1).encode())], timestamp_ms=base)])
-    produce_raw(broker.bootstrap, topic, 1, [RawRecord(b"the impostor", headers=[*text, (b"mm-event-time", str(base + 2).encode())], timestamp_ms=base)])
+    produce_raw(
+        broker.bootstrap,
+        topic,
+        0,
+        [RawRecord(b"the original", headers=[*text, (b"mm-event-time", str(base + 1).encode())], timestamp_ms=base)],
+    )
+    produce_raw(
+        broker.bootstrap,
+        topic,
+        1,
+        [RawRecord(b"the impostor", headers=[*text, (b"mm-event-time", str(base + 2).encode())], timestamp_ms=base)],
+    )
     for p in (0, 1):
-        produce_raw(broker.bootstrap, topic, p, [RawRecord(f"normal {p}".encode(), headers=[
-            (b"mm-modality", b"text"), (b"mm-event-time", str(base + 10 + p).encode())], timestamp_ms=base)])
+        produce_raw(
+            broker.bootstrap,
+            topic,
+            p,
+            [
+                RawRecord(
+                    f"normal {p}".encode(),
+                    headers=[(b"mm-modality", b"text"), (b"mm-event-time", str(base + 10 + p).encode())],
+                    timestamp_ms=base,
+                )
+            ],
+        )
     proc = _ingest_process(settings, topic, MMLAKE_FAULT_KILL_AT="after_commit:raw:1", MMLAKE_BATCH_MAX_RECORDS="100")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err

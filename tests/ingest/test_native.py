@@ -17,8 +17,10 @@ from mmlake.ingest import native as native_path
 from mmlake.ingest import wire
 
 native = native_path.module
-pytestmark = pytest.mark.skipif(native is None, reason="the native module was not built here (no C compiler "
-                                                       "or libcrypto at install time): Python does it all")
+pytestmark = pytest.mark.skipif(
+    native is None,
+    reason="the native module was not built here (no C compiler or libcrypto at install time): Python does it all",
+)
 
 TIME = b"1767225600000"
 
@@ -48,22 +50,58 @@ def _utf8_valid(data: bytes) -> bool:
 
 
 # Byte strings around every boundary of UTF-8: overlong forms, surrogates, the top of Unicode, truncation.
-_EDGES = [b"", b"a", b"\x7f", b"\x80", b"\xc0\x80", b"\xc1\xbf", b"\xc2\x80", b"\xdf\xbf", b"\xe0\x80\x80",
-          b"\xe0\x9f\xbf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xee\x80\x80",
-          b"\xef\xbf\xbf", b"\xf0\x8f\xbf\xbf", b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80",
-          b"\xf5\x80\x80\x80", b"\xff", b"\xe2\x82", b"\xf0\x9f\x98", b"\xc3", "é€😀".encode()]
+_EDGES = [
+    b"",
+    b"a",
+    b"\x7f",
+    b"\x80",
+    b"\xc0\x80",
+    b"\xc1\xbf",
+    b"\xc2\x80",
+    b"\xdf\xbf",
+    b"\xe0\x80\x80",
+    b"\xe0\x9f\xbf",
+    b"\xe0\xa0\x80",
+    b"\xed\x9f\xbf",
+    b"\xed\xa0\x80",
+    b"\xed\xbf\xbf",
+    b"\xee\x80\x80",
+    b"\xef\xbf\xbf",
+    b"\xf0\x8f\xbf\xbf",
+    b"\xf0\x90\x80\x80",
+    b"\xf4\x8f\xbf\xbf",
+    b"\xf4\x90\x80\x80",
+    b"\xf5\x80\x80\x80",
+    b"\xff",
+    b"\xe2\x82",
+    b"\xf0\x9f\x98",
+    b"\xc3",
+    "é€😀".encode(),
+]
 
 
 def test_the_native_utf8_check_agrees_with_python_on_every_edge_and_on_random_bytes() -> None:
     rng = random.Random(7)
     samples = [a + b for a, b in itertools.product(_EDGES, repeat=2)]
-    samples += [bytes(rng.choice([rng.randrange(256), rng.randrange(0x80, 0x100), 0x41]) for _ in range(rng.randrange(1, 40)))
-                for _ in range(20_000)]
+    samples += [
+        bytes(rng.choice([rng.randrange(256), rng.randrange(0x80, 0x100), 0x41]) for _ in range(rng.randrange(1, 40)))
+        for _ in range(20_000)
+    ]
     samples += [b"x" * rng.randrange(0, 20) + s + b"y" * rng.randrange(0, 20) for s in _EDGES]  # past the 8-byte stride
     # Valid text of every width (surrogates cannot be encoded: skipped), and the same cut short by a byte.
-    points = [rng.choice([rng.randrange(0x80), rng.randrange(0x80, 0x800), rng.randrange(0x800, 0xD800),
-                          rng.randrange(0xE000, 0x10000), rng.randrange(0x10000, 0x110000)]) for _ in range(40_000)]
-    texts = ["".join(map(chr, points[i:i + 20])).encode() for i in range(0, len(points), 20)]
+    points = [
+        rng.choice(
+            [
+                rng.randrange(0x80),
+                rng.randrange(0x80, 0x800),
+                rng.randrange(0x800, 0xD800),
+                rng.randrange(0xE000, 0x10000),
+                rng.randrange(0x10000, 0x110000),
+            ]
+        )
+        for _ in range(40_000)
+    ]
+    texts = ["".join(map(chr, points[i : i + 20])).encode() for i in range(0, len(points), 20)]
     samples += texts + [t[:-1] for t in texts]
     headers = [("mm-event-time", TIME), ("mm-modality", b"text")]
     taken = 0
@@ -77,23 +115,71 @@ def test_the_native_utf8_check_agrees_with_python_on_every_edge_and_on_random_by
 def _random_record(rng: random.Random):
     if rng.random() < 0.4:  # a plain text record, as producers send them (the native path's share)
         headers = [("mm-event-time", str(rng.randrange(10**13)).encode()), ("mm-modality", b"text")]
-        headers += rng.sample([("mm-sample-id", b"s1"), ("mm-record-id", "ré".encode()), ("content-type", b"Text/x"),
-                               ("x-trace", b"t")], rng.randrange(0, 3))
-        return (rng.choice([None, b"k", b""]), rng.choice([b"hi", "naïve €".encode(), b""]), headers, 1 << 20,
-                rng.choice([None, 10**16]))
-    names = ["mm-event-time", "MM-Event-Time", "mm-modality", "Mm-Modality", "content-type", "Content-Type",
-             "mm-record-id", "mm-sample-id", "MM-SAMPLE-ID", "x-other", "mm-évent-time", "mm-event-time\u212a"]
+        headers += rng.sample(
+            [("mm-sample-id", b"s1"), ("mm-record-id", "ré".encode()), ("content-type", b"Text/x"), ("x-trace", b"t")],
+            rng.randrange(0, 3),
+        )
+        return (
+            rng.choice([None, b"k", b""]),
+            rng.choice([b"hi", "naïve €".encode(), b""]),
+            headers,
+            1 << 20,
+            rng.choice([None, 10**16]),
+        )
+    names = [
+        "mm-event-time",
+        "MM-Event-Time",
+        "mm-modality",
+        "Mm-Modality",
+        "content-type",
+        "Content-Type",
+        "mm-record-id",
+        "mm-sample-id",
+        "MM-SAMPLE-ID",
+        "x-other",
+        "mm-évent-time",
+        "mm-event-time\u212a",
+    ]
     values = {
-        "time": [TIME, b"0", b"9999999999999", b"99999999999999", b"-5", b"", b"17x", b"\xff",
-                 b"2026-01-01T00:00:00Z", b"2026-01-01T00:00:00.5+01:00", "１２".encode(), b"0001767225600000"],
+        "time": [
+            TIME,
+            b"0",
+            b"9999999999999",
+            b"99999999999999",
+            b"-5",
+            b"",
+            b"17x",
+            b"\xff",
+            b"2026-01-01T00:00:00Z",
+            b"2026-01-01T00:00:00.5+01:00",
+            "１２".encode(),
+            b"0001767225600000",
+        ],
         "modality": [b"text", b"TEXT", b"image", b"", b"text ", b"\xff"],
-        "ctype": [b"text/plain", b"TEXT/x", b"text", b"", b"image/png", "tëxt/".encode(), b"text/\xff", b"TeXt/markdown"],
+        "ctype": [
+            b"text/plain",
+            b"TEXT/x",
+            b"text",
+            b"",
+            b"image/png",
+            "tëxt/".encode(),
+            b"text/\xff",
+            b"TeXt/markdown",
+        ],
         "id": [b"r1", b"", "ré".encode(), b"\xff", b"s" * 80],
         "other": [b"v", b"\xff\xfe", b"", None],
     }
-    kind = {"mm-event-time": "time", "MM-Event-Time": "time", "mm-modality": "modality", "Mm-Modality": "modality",
-            "content-type": "ctype", "Content-Type": "ctype", "mm-record-id": "id", "mm-sample-id": "id",
-            "MM-SAMPLE-ID": "id"}
+    kind = {
+        "mm-event-time": "time",
+        "MM-Event-Time": "time",
+        "mm-modality": "modality",
+        "Mm-Modality": "modality",
+        "content-type": "ctype",
+        "Content-Type": "ctype",
+        "mm-record-id": "id",
+        "mm-sample-id": "id",
+        "MM-SAMPLE-ID": "id",
+    }
     headers = [("mm-event-time", TIME), ("mm-modality", b"text")] if rng.random() < 0.7 else []
     for _ in range(rng.randrange(0, 5)):
         name = rng.choice(names)
@@ -133,8 +219,9 @@ def test_a_batch_digest_matches_hashlib_for_named_and_default_ids() -> None:
     got = wire.digest(checked, payloads)
     for c, payload, acc in zip(checked, payloads, got, strict=True):
         rid = c.record_id or hashlib.sha256(f"{c.modality}\0{c.event_time_us}\0".encode() + payload).hexdigest()
-        assert acc == wire.Accepted(rid, c.sample_id or rid, c.modality, "x/y", c.event_time_us,
-                                    hashlib.sha256(payload).hexdigest())
+        assert acc == wire.Accepted(
+            rid, c.sample_id or rid, c.modality, "x/y", c.event_time_us, hashlib.sha256(payload).hexdigest()
+        )
         assert type(acc) is wire.Accepted
     assert wire.digest([], []) == []
     # A batch over 4 MB is hashed by two threads: the same digests, in the same order.
@@ -175,8 +262,19 @@ def test_header_checks_agree_with_python(monkeypatch) -> None:
         def headers(self):
             return self._headers
 
-    cases = [[], [("a", b"1")], [("a", None), ("b", b"")], [("a", b"1", b"2")], [("a",)], [["a", b"1"]],
-             [(b"a", b"1")], [(1, b"1")], [("\udcff", b"1")], [("ké", b"1"), ("x", b"2")], [("a", b"1"), ("\ud800", b"")]]
+    cases = [
+        [],
+        [("a", b"1")],
+        [("a", None), ("b", b"")],
+        [("a", b"1", b"2")],
+        [("a",)],
+        [["a", b"1"]],
+        [(b"a", b"1")],
+        [(1, b"1")],
+        [("\udcff", b"1")],
+        [("ké", b"1"), ("x", b"2")],
+        [("a", b"1"), ("\ud800", b"")],
+    ]
     for headers in cases:
         fast = recovery._headers(Message(headers))
         with monkeypatch.context() as m:

@@ -25,15 +25,22 @@ T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 PARTITIONS = 3
 
 
-def _text(payload: bytes, event_time: bytes | None, *, extra: list | None = None, ts: int | None = None,
-          rid: bytes | None = None) -> RawRecord:
+def _text(
+    payload: bytes,
+    event_time: bytes | None,
+    *,
+    extra: list | None = None,
+    ts: int | None = None,
+    rid: bytes | None = None,
+) -> RawRecord:
     headers = [(b"mm-modality", b"text")]
     if event_time is not None:
         headers.append((b"mm-event-time", event_time))
     if rid is not None:
         headers.append((b"mm-record-id", rid))
-    return RawRecord(payload, key=b"k", headers=headers + (extra or []),
-                     timestamp_ms=int(time.time() * 1000) if ts is None else ts)
+    return RawRecord(
+        payload, key=b"k", headers=headers + (extra or []), timestamp_ms=int(time.time() * 1000) if ts is None else ts
+    )
 
 
 #: outcome class -> (the poison record(s), the error_code each gets, how many duplicates they add)
@@ -41,34 +48,63 @@ CASES = {
     "year 33658 (epoch ms)": ([_text(b"far", b"1000000000000000")], ["event_time_out_of_range"], 0),
     "epoch ms past int64 us": ([_text(b"huge", b"10000000000000000")], ["event_time_out_of_range"], 0),
     "negative epoch ms past int64 us": ([_text(b"neg", b"-10000000000000000")], ["event_time_out_of_range"], 0),
-    "RFC 3339 that is year 10000 in UTC": ([_text(b"y10k", b"9999-12-31T23:00:00-05:00")],
-                                           ["event_time_out_of_range"], 0),
+    "RFC 3339 that is year 10000 in UTC": (
+        [_text(b"y10k", b"9999-12-31T23:00:00-05:00")],
+        ["event_time_out_of_range"],
+        0,
+    ),
     "ISO basic format": ([_text(b"basic", b"20260101T000000Z")], ["bad_event_time"], 0),
     "ISO week date": ([_text(b"week", b"2026-W01-4T00:00:00Z")], ["bad_event_time"], 0),
     "full-width digits": ([_text(b"wide", "２０２６-01-01T00:00:00Z".encode())], ["bad_event_time"], 0),
     "full-width epoch ms": ([_text(b"wide-ms", "１７６７２２５６００００".encode())], ["bad_event_time"], 0),
     "far future (year 9999)": ([_text(b"future", b"9999-12-31T23:59:59Z")], ["event_time_in_future"], 0),
-    "a tombstone": ([RawRecord(None, key=b"k", headers=[(b"mm-event-time", str(T0_MS).encode()),
-                                                        (b"mm-modality", b"text")],
-                               timestamp_ms=T0_MS)], ["missing_value"], 0),
-    "a header key that is not UTF-8": ([_text(b"badkey", str(T0_MS + 5).encode(), extra=[(b"\xff\xfekey", b"v")])],
-                                       ["undecodable_record"], 0),
-    "a header value that is not UTF-8": ([_text(b"badval", str(T0_MS + 5).encode(), extra=[(b"note", b"\xff")])],
-                                         ["bad_header"], 0),
-    "a null event time header": ([_text(b"nullhdr", None, extra=[(b"mm-event-time", None)])],
-                                 ["missing_event_time"], 0),
-    "a record id reused with other bytes": ([_text(b"original", str(T0_MS + 7).encode(), rid=b"same-id"),
-                                            _text(b"impostor", str(T0_MS + 8).encode(), rid=b"same-id"),
-                                            _text(b"original", str(T0_MS + 7).encode(), rid=b"same-id")],
-                                           ["record_id_conflict"], 1),
+    "a tombstone": (
+        [
+            RawRecord(
+                None,
+                key=b"k",
+                headers=[(b"mm-event-time", str(T0_MS).encode()), (b"mm-modality", b"text")],
+                timestamp_ms=T0_MS,
+            )
+        ],
+        ["missing_value"],
+        0,
+    ),
+    "a header key that is not UTF-8": (
+        [_text(b"badkey", str(T0_MS + 5).encode(), extra=[(b"\xff\xfekey", b"v")])],
+        ["undecodable_record"],
+        0,
+    ),
+    "a header value that is not UTF-8": (
+        [_text(b"badval", str(T0_MS + 5).encode(), extra=[(b"note", b"\xff")])],
+        ["bad_header"],
+        0,
+    ),
+    "a null event time header": (
+        [_text(b"nullhdr", None, extra=[(b"mm-event-time", None)])],
+        ["missing_event_time"],
+        0,
+    ),
+    "a record id reused with other bytes": (
+        [
+            _text(b"original", str(T0_MS + 7).encode(), rid=b"same-id"),
+            _text(b"impostor", str(T0_MS + 8).encode(), rid=b"same-id"),
+            _text(b"original", str(T0_MS + 7).encode(), rid=b"same-id"),
+        ],
+        ["record_id_conflict"],
+        1,
+    ),
 }
 
 
 def _normal(p: int, i: int) -> RawRecord:
     if i % 2:
-        return RawRecord(png(seed=p * 100 + i), key=f"s{p}-{i}".encode(),
-                         headers=[(b"mm-event-time", str(T0_MS + i * 1000).encode()), (b"mm-modality", b"image")],
-                         timestamp_ms=int(time.time() * 1000))
+        return RawRecord(
+            png(seed=p * 100 + i),
+            key=f"s{p}-{i}".encode(),
+            headers=[(b"mm-event-time", str(T0_MS + i * 1000).encode()), (b"mm-modality", b"image")],
+            timestamp_ms=int(time.time() * 1000),
+        )
     return _text(f"p{p} normal {i}".encode(), str(T0_MS + i * 1000).encode())
 
 
@@ -77,8 +113,9 @@ def _versions(lake: str, stream: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_poison_record_is_dead_lettered_and_the_stream_goes_on(broker, new_topic, settings: IngestSettings,
-                                                                 case: str) -> None:
+def test_a_poison_record_is_dead_lettered_and_the_stream_goes_on(
+    broker, new_topic, settings: IngestSettings, case: str
+) -> None:
     poison, codes, duplicates = CASES[case]
     topic = new_topic(partitions=PARTITIONS)
     for p in range(PARTITIONS):
@@ -103,8 +140,11 @@ def test_a_poison_record_is_dead_lettered_and_the_stream_goes_on(broker, new_top
     # Every record in exactly one table or counted as a duplicate.
     positions = Counter()
     for table in ("raw", "late", "dlq"):
-        for r in DeltaTable(f"{settings.lake}/s/{table}").to_pyarrow_table(
-                columns=["kafka_partition", "kafka_offset"]).to_pylist():
+        for r in (
+            DeltaTable(f"{settings.lake}/s/{table}")
+            .to_pyarrow_table(columns=["kafka_partition", "kafka_offset"])
+            .to_pylist()
+        ):
             positions[(r["kafka_partition"], r["kafka_offset"])] += 1
     assert max(positions.values()) == 1
     assert len(positions) + duplicates == produced
@@ -134,12 +174,17 @@ def test_future_guard_uses_the_kafka_timestamp_so_a_replay_decides_alike(broker,
     topic = new_topic()
     written = T0_MS  # the Kafka timestamp: when the records claim to have been written (long ago)
     hour = 3_600_000
-    produce_raw(broker.bootstrap, topic, 0, [
-        _text(b"in an hour", str(written + hour).encode(), ts=written),
-        _text(b"an hour and a ms", str(written + hour + 1).encode(), ts=written),
-        _text(b"no timestamp, a day past the newest", str(written + hour + 86_400_001).encode(), ts=-1),
-        _text(b"no timestamp, 10 ms past the newest", str(written + hour + 10).encode(), ts=-1),
-    ])
+    produce_raw(
+        broker.bootstrap,
+        topic,
+        0,
+        [
+            _text(b"in an hour", str(written + hour).encode(), ts=written),
+            _text(b"an hour and a ms", str(written + hour + 1).encode(), ts=written),
+            _text(b"no timestamp, a day past the newest", str(written + hour + 86_400_001).encode(), ts=-1),
+            _text(b"no timestamp, 10 ms past the newest", str(written + hour + 10).encode(), ts=-1),
+        ],
+    )
     skewed = settings.with_overrides(max_future_skew=3600.0)
     summary = run_ingest(topic, "s", skewed)
     dlq = DeltaTable(f"{skewed.lake}/s/dlq").to_pyarrow_table(columns=["payload", "error_code", "kafka_timestamp"])

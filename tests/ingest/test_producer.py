@@ -24,7 +24,10 @@ def test_folder_joins_parts_by_file_stem(broker, settings, tmp_path) -> None:
     run_ingest("folder-topic", "s", settings)
     rows = table_rows(settings.lake, "s", "raw")
     assert sorted((r["sample_id"], r["modality"]) for r in rows) == [
-        ("cat", "image"), ("cat", "text"), ("purr", "audio")]
+        ("cat", "image"),
+        ("cat", "text"),
+        ("purr", "audio"),
+    ]
     png_row = next(r for r in rows if r["modality"] == "image")
     assert png_row["event_time"].timestamp() == 1_767_225_600
 
@@ -68,7 +71,9 @@ def test_bad_manifest_lines_are_named(broker, tmp_path, line, message) -> None:
     topic = f"bad-manifest-{abs(hash(line))}"
     with pytest.raises(InputError, match=message):
         produce_path(manifest, topic, broker.bootstrap)
-    assert not topic_exists(broker.bootstrap, topic), "nothing is sent (or created) before the whole manifest is checked"
+    assert not topic_exists(broker.bootstrap, topic), (
+        "nothing is sent (or created) before the whole manifest is checked"
+    )
 
 
 def test_a_manifest_that_is_not_utf8_is_one_line(broker, tmp_path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from deltalake import DeltaTable
@@ -44,7 +44,7 @@ def test_reader_returns_event_time_order(scattered) -> None:
     assert rows.num_rows == 60
     keys = [_key(r) for r in rows.to_pylist()]
     assert keys == sorted(keys)
-    expected = sorted(datetime.fromtimestamp(t / 1000, tz=timezone.utc) for t in times)
+    expected = sorted(datetime.fromtimestamp(t / 1000, tz=UTC) for t in times)
     assert [r["event_time"] for r in rows.to_pylist()] == expected
 
 

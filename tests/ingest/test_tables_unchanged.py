@@ -31,11 +31,19 @@ def _canonical(lake: str) -> str:
     out = {}
     for name in ("raw", "late", "dlq"):
         rows = DeltaTable(f"{lake}/s/{name}").to_pyarrow_table().to_pylist()
-        rows = [{k: (v.hex() if isinstance(v, bytes) else v.isoformat() if hasattr(v, "isoformat") else v)
-                 for k, v in sorted(r.items()) if k not in VARYING} for r in rows]
+        rows = [
+            {
+                k: (v.hex() if isinstance(v, bytes) else v.isoformat() if hasattr(v, "isoformat") else v)
+                for k, v in sorted(r.items())
+                if k not in VARYING
+            }
+            for r in rows
+        ]
         for r in rows:
-            r["headers"] = [[h["key"], h["value"].hex() if isinstance(h["value"], bytes) else h["value"]]
-                            for h in r.get("headers") or []]
+            r["headers"] = [
+                [h["key"], h["value"].hex() if isinstance(h["value"], bytes) else h["value"]]
+                for h in r.get("headers") or []
+            ]
         out[name] = sorted(rows, key=lambda r: (r["kafka_partition"], r["kafka_offset"]))
     return json.dumps(out, sort_keys=True, default=str)
 
@@ -44,18 +52,36 @@ def test_a_fixed_input_gives_the_tables_it_gave_before(broker, producer, new_top
     topic = new_topic(partitions=3)
     produce_mixed(producer, topic, partitions=3, per_partition=40)
     good = [(b"mm-event-time", str(T0_MS + 7).encode()), (b"mm-modality", b"text")]
-    produce_raw(broker.bootstrap, topic, 2, [
-        RawRecord(b"bad key", headers=[*good, (b"\xff\xfek", b"v")], timestamp_ms=T0_MS),
-        RawRecord(None, key=b"tomb", headers=good, timestamp_ms=T0_MS),
-        RawRecord(b"\xff not text", headers=good, timestamp_ms=T0_MS),
-        RawRecord(b"far", headers=[(b"mm-event-time", b"9999-01-01T00:00:00Z"), (b"mm-modality", b"text")],
-                  timestamp_ms=T0_MS),
-        RawRecord(b"caption", key=b"k", headers=[(b"MM-Event-Time", b"2026-01-01T00:00:00.5+02:00"),
-                                                (b"mm-modality", b"text"), (b"mm-modality", None),
-                                                (b"mm-modality", b"text"), (b"mm-sample-id", b"s-1")],
-                  timestamp_ms=T0_MS)])
-    settings = IngestSettings(lake=str(tmp_path / "lake"), kafka_bootstrap=broker.bootstrap, allowed_lateness_s=120,
-                              batch_max_records=11)  # MMLAKE_KAFKA_CLIENT from the fixture
+    produce_raw(
+        broker.bootstrap,
+        topic,
+        2,
+        [
+            RawRecord(b"bad key", headers=[*good, (b"\xff\xfek", b"v")], timestamp_ms=T0_MS),
+            RawRecord(None, key=b"tomb", headers=good, timestamp_ms=T0_MS),
+            RawRecord(b"\xff not text", headers=good, timestamp_ms=T0_MS),
+            RawRecord(
+                b"far",
+                headers=[(b"mm-event-time", b"9999-01-01T00:00:00Z"), (b"mm-modality", b"text")],
+                timestamp_ms=T0_MS,
+            ),
+            RawRecord(
+                b"caption",
+                key=b"k",
+                headers=[
+                    (b"MM-Event-Time", b"2026-01-01T00:00:00.5+02:00"),
+                    (b"mm-modality", b"text"),
+                    (b"mm-modality", None),
+                    (b"mm-modality", b"text"),
+                    (b"mm-sample-id", b"s-1"),
+                ],
+                timestamp_ms=T0_MS,
+            ),
+        ],
+    )
+    settings = IngestSettings(
+        lake=str(tmp_path / "lake"), kafka_bootstrap=broker.bootstrap, allowed_lateness_s=120, batch_max_records=11
+    )  # MMLAKE_KAFKA_CLIENT from the fixture
     run_ingest(topic, "s", settings)
     text = _canonical(settings.lake)
     assert '"undecodable_record"' in text and '"missing_value"' in text and '"event_time_in_future"' in text

@@ -85,8 +85,11 @@ def _truncated_wav() -> bytes:
         (b"x", {"mm-event-time": str(MS).encode(), "mm-modality": b"video"}, Reason.UNKNOWN_MODALITY),
         (b"x", {"mm-event-time": b"\xff", "mm-modality": b"text"}, Reason.BAD_HEADER),
         (b"x" * (LIMIT + 1), {"mm-event-time": str(MS).encode(), "mm-modality": b"text"}, Reason.OVERSIZE),
-        (b"x", {"mm-event-time": str(MS).encode(), "mm-modality": b"text", "content-type": b"image/png"},
-         Reason.CONTENT_TYPE_MISMATCH),
+        (
+            b"x",
+            {"mm-event-time": str(MS).encode(), "mm-modality": b"text", "content-type": b"image/png"},
+            Reason.CONTENT_TYPE_MISMATCH,
+        ),
         (png()[:40], {"mm-event-time": str(MS).encode(), "mm-modality": b"image"}, Reason.UNDECODABLE_IMAGE),
         (b"GIF89a-nope", {"mm-event-time": str(MS).encode(), "mm-modality": b"image"}, Reason.UNDECODABLE_IMAGE),
         (_truncated_wav(), {"mm-event-time": str(MS).encode(), "mm-modality": b"audio"}, Reason.UNDECODABLE_AUDIO),

@@ -30,8 +30,9 @@ def _registry() -> Registry:
 
 
 REGISTRY = _registry()
-CORE = Draft202012Validator({"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json"}, registry=REGISTRY,
-                            format_checker=FormatChecker())
+CORE = Draft202012Validator(
+    {"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json"}, registry=REGISTRY, format_checker=FormatChecker()
+)
 
 
 def facets_of(event: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -6,7 +6,7 @@ import json
 import socket
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -56,8 +56,15 @@ def test_ingest_flow_events_validate_and_link(ingested) -> None:
     assert (kafka["namespace"], kafka["name"]) == (f"kafka://{settings.kafka_bootstrap}", topic)
     facet = kafka["inputFacets"]["mmlake_kafka"]
     assert (facet["accepted"], facet["late"], facet["duplicates"], facet["deadLettered"]) == (
-        result.accepted, result.late, result.duplicates, result.dead_lettered)
-    assert {(p["partition"], p["firstOffset"], p["lastOffset"]) for p in facet["partitions"]} == {(0, 0, 11), (1, 0, 11)}
+        result.accepted,
+        result.late,
+        result.duplicates,
+        result.dead_lettered,
+    )
+    assert {(p["partition"], p["firstOffset"], p["lastOffset"]) for p in facet["partitions"]} == {
+        (0, 0, 11),
+        (1, 0, 11),
+    }
     outputs = {o["name"]: o for o in task_done["outputs"]}
     raw_path = str(Path(settings.lake, "s", "raw").resolve())
     assert set(outputs) == {raw_path, raw_path[:-3] + "late", raw_path[:-3] + "dlq"}
@@ -79,11 +86,14 @@ def test_graph_and_explain(ingested) -> None:
     with pytest.raises(LineageQueryError, match="no dataset"):
         lineage_graph(load_events(settings.lake), "nowhere")
 
-    row = DeltaTable(raw[len("dataset:file:"):]).to_pyarrow_table(
-        columns=["record_id", "kafka_partition", "kafka_offset"]).to_pylist()[3]
+    row = (
+        DeltaTable(raw[len("dataset:file:") :])
+        .to_pyarrow_table(columns=["record_id", "kafka_partition", "kafka_offset"])
+        .to_pylist()[3]
+    )
     info = explain_record(settings.lake, "s", row["record_id"])
     assert info["kafka"] == {"topic": topic, "partition": row["kafka_partition"], "offset": row["kafka_offset"]}
-    history = DeltaTable(raw[len("dataset:file:"):]).history()
+    history = DeltaTable(raw[len("dataset:file:") :]).history()
     writes = [h["version"] for h in history if h.get("operationMetrics", {}).get("num_added_rows", 0) > 0]
     assert info["delta_version"] in writes
     assert info["written_by"]["job"] == "ingest-stream.s.ingest-micro-batches"
@@ -95,17 +105,37 @@ def test_graph_and_explain(ingested) -> None:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    event_time = DeltaTable(raw[len("dataset:file:"):]).to_pyarrow_table(
-        columns=["record_id", "event_time"]).to_pylist()[3]["event_time"]
-    write_deltalake(f"{settings.lake}/s/features", pa.table({
-        "record_id": [row["record_id"], "other"], "op_name": ["clip-image", "clip-image"],
-        "op_version": ["1", "1"], "op_sha256": ["ab" * 32, "ab" * 32]}))
+    event_time = (
+        DeltaTable(raw[len("dataset:file:") :])
+        .to_pyarrow_table(columns=["record_id", "event_time"])
+        .to_pylist()[3]["event_time"]
+    )
+    write_deltalake(
+        f"{settings.lake}/s/features",
+        pa.table(
+            {
+                "record_id": [row["record_id"], "other"],
+                "op_name": ["clip-image", "clip-image"],
+                "op_version": ["1", "1"],
+                "op_sha256": ["ab" * 32, "ab" * 32],
+            }
+        ),
+    )
     ts = pa.timestamp("us", tz="UTC")
     from datetime import timedelta
-    write_deltalake(f"{settings.lake}/s/drift", pa.table({
-        "window_start": pa.array([event_time - timedelta(minutes=1), event_time + timedelta(minutes=1)], ts),
-        "window_end": pa.array([event_time + timedelta(minutes=1), event_time + timedelta(minutes=2)], ts),
-        "metric": ["mi", "mi"], "value": [0.5, 0.4], "alarm": [False, True]}))
+
+    write_deltalake(
+        f"{settings.lake}/s/drift",
+        pa.table(
+            {
+                "window_start": pa.array([event_time - timedelta(minutes=1), event_time + timedelta(minutes=1)], ts),
+                "window_end": pa.array([event_time + timedelta(minutes=1), event_time + timedelta(minutes=2)], ts),
+                "metric": ["mi", "mi"],
+                "value": [0.5, 0.4],
+                "alarm": [False, True],
+            }
+        ),
+    )
     info = explain_record(settings.lake, "s", row["record_id"])
     assert info["features"] == 1 and info["operators"] == [("clip-image", "1", "ab" * 32)]
     assert len(info["drift_windows"]) == 1 and info["drift_windows"][0]["alarm"] is False
@@ -113,6 +143,7 @@ def test_graph_and_explain(ingested) -> None:
 
 def test_failed_flow_emits_fail_with_the_error(prefect_harness, broker, tmp_path, default_lineage, monkeypatch) -> None:
     import mmlake.flows.ingest as module
+
     monkeypatch.setattr(module, "ingest_task", module.ingest_task.with_options(retry_delay_seconds=0))
     settings = IngestSettings(lake=str(tmp_path), kafka_bootstrap=broker.bootstrap)
     state = module.ingest_stream(topic="no-such-topic", stream="s", settings=settings, return_state=True)
@@ -133,8 +164,14 @@ def test_custom_facet_schemas_reject_bad_values() -> None:
     from jsonschema import Draft202012Validator
     from openlineage.client.serde import Serde
 
-    good = {"name": "clip-image", "version": "1", "sha256": "a" * 64, "opset": 18, "ortVersion": "1.20",
-            "executionProvider": "CPUExecutionProvider"}
+    good = {
+        "name": "clip-image",
+        "version": "1",
+        "sha256": "a" * 64,
+        "opset": 18,
+        "ortVersion": "1.20",
+        "executionProvider": "CPUExecutionProvider",
+    }
     facet = json.loads(Serde.to_json(MmlakeOnnxOperatorsRunFacet(operators=[good])))
     validator = Draft202012Validator({"$ref": facet["_schemaURL"]}, registry=REGISTRY)
     validator.validate(facet)
@@ -181,9 +218,9 @@ def test_disabled_emits_nothing(tmp_path, monkeypatch, default_lineage) -> None:
 
 
 def test_static_run_ids_identify_backfill_reruns() -> None:
-    a, b = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 1, 2, tzinfo=timezone.utc)
+    a, b = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
     assert static_run_id("backfill.s", a, b) == static_run_id("backfill.s", a, b)
-    assert static_run_id("backfill.s", a, b) != static_run_id("backfill.s", a, datetime(2026, 1, 3, tzinfo=timezone.utc))
+    assert static_run_id("backfill.s", a, b) != static_run_id("backfill.s", a, datetime(2026, 1, 3, tzinfo=UTC))
     assert static_run_id("backfill.s", a, b) != static_run_id("backfill.t", a, b)
 
 
@@ -220,7 +257,9 @@ def test_lineage_cli(ingested, capsys) -> None:
     settings, topic, _ = ingested
     assert main(["lineage", "graph", "--lake", settings.lake, "--dataset", "s/raw"]) == 0
     out = capsys.readouterr().out
-    assert f"dataset:kafka://{settings.kafka_bootstrap}:{topic} -> job:mmlake:ingest-stream.s.ingest-micro-batches" in out
+    assert (
+        f"dataset:kafka://{settings.kafka_bootstrap}:{topic} -> job:mmlake:ingest-stream.s.ingest-micro-batches" in out
+    )
     record = DeltaTable(f"{settings.lake}/s/raw").to_pyarrow_table(columns=["record_id"]).column(0)[0].as_py()
     assert main(["lineage", "explain", "--lake", settings.lake, "--stream", "s", "--record-id", record]) == 0
     out = capsys.readouterr().out
@@ -247,13 +286,24 @@ def test_run_context_emits_start_then_complete_or_fail(tmp_path, default_lineage
     out = delta_output(f"{lake}/s/raw", None, rows=3)
     with emitter.run("job.ok", "0190e2a4-0000-7000-8000-000000000001", inputs=inputs) as run:
         run.complete(outputs=[out])
-    with pytest.raises(RuntimeError, match="boom"):
-        with emitter.run("job.bad", "0190e2a4-0000-7000-8000-000000000002", job_type="TASK",
-                         parent=("job.ok", "0190e2a4-0000-7000-8000-000000000001"), inputs=inputs):
-            raise RuntimeError("boom")
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        emitter.run(
+            "job.bad",
+            "0190e2a4-0000-7000-8000-000000000002",
+            job_type="TASK",
+            parent=("job.ok", "0190e2a4-0000-7000-8000-000000000001"),
+            inputs=inputs,
+        ),
+    ):
+        raise RuntimeError("boom")
     events = events_of(lake)
     assert [(e["eventType"], e["job"]["name"]) for e in events] == [
-        ("START", "job.ok"), ("COMPLETE", "job.ok"), ("START", "job.bad"), ("FAIL", "job.bad")]
+        ("START", "job.ok"),
+        ("COMPLETE", "job.ok"),
+        ("START", "job.bad"),
+        ("FAIL", "job.bad"),
+    ]
     assert [e["inputs"][0]["name"] for e in events] == ["read-0", "read-1", "read-2", "read-3"]
     assert events[1]["outputs"][0]["name"] == storage_dataset(f"{lake}/s/raw")[1]
     assert events[1]["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 3

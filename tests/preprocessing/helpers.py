@@ -21,15 +21,35 @@ def raw_rows(parts: list[tuple[str, str, bytes, int]]) -> pa.Table:
     for i, (sample_id, modality, payload, at_ms) in enumerate(parts):
         us = at_ms * 1000
         rid = hashlib.sha256(f"{modality}|{us}|".encode() + payload).hexdigest()
-        rows.append({
-            "record_id": rid, "sample_id": sample_id, "modality": modality, "content_type": None,
-            "event_time": us, "ingest_time": us, "payload": payload,
-            "payload_sha256": hashlib.sha256(payload).hexdigest(), "size_bytes": len(payload),
-            "kafka_topic": "t", "kafka_partition": 0, "kafka_offset": i, "kafka_key": sample_id.encode(),
-            "headers": [], "event_date": us // _US_PER_DAY,
-        })
-    schema = pa.schema([f.with_type(pa.int64()) if f.name in ("event_time", "ingest_time") else
-                        f.with_type(pa.int32()) if f.name == "event_date" else f for f in RAW_SCHEMA])
+        rows.append(
+            {
+                "record_id": rid,
+                "sample_id": sample_id,
+                "modality": modality,
+                "content_type": None,
+                "event_time": us,
+                "ingest_time": us,
+                "payload": payload,
+                "payload_sha256": hashlib.sha256(payload).hexdigest(),
+                "size_bytes": len(payload),
+                "kafka_topic": "t",
+                "kafka_partition": 0,
+                "kafka_offset": i,
+                "kafka_key": sample_id.encode(),
+                "headers": [],
+                "event_date": us // _US_PER_DAY,
+            }
+        )
+    schema = pa.schema(
+        [
+            f.with_type(pa.int64())
+            if f.name in ("event_time", "ingest_time")
+            else f.with_type(pa.int32())
+            if f.name == "event_date"
+            else f
+            for f in RAW_SCHEMA
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema).cast(RAW_SCHEMA)
 
 
@@ -42,11 +62,14 @@ def write_raw(lake: str, stream: str, parts: list[tuple[str, str, bytes, int]]) 
     return table
 
 
-def synth_parts(count: int, *, start_ms: int = T0_MS, span_ms: int = 2 * _US_PER_DAY // 1000, seed: int = 0,
-                image_size: int = 48) -> list[tuple[str, str, bytes, int]]:
+def synth_parts(
+    count: int, *, start_ms: int = T0_MS, span_ms: int = 2 * _US_PER_DAY // 1000, seed: int = 0, image_size: int = 48
+) -> list[tuple[str, str, bytes, int]]:
     """``count`` generated samples (image, caption, every 4th an audio tone) spread over ``span_ms``."""
-    return [(p.sample_id, p.modality, p.payload, p.event_time_ms)
-            for p in samples(count, start_ms=start_ms, span_ms=span_ms, seed=seed, image_size=image_size)]
+    return [
+        (p.sample_id, p.modality, p.payload, p.event_time_ms)
+        for p in samples(count, start_ms=start_ms, span_ms=span_ms, seed=seed, image_size=image_size)
+    ]
 
 
 def write_features(lake: str, stream: str, samples, ops: dict, *, trained: bool = False) -> pa.Table:
@@ -66,24 +89,46 @@ def write_features(lake: str, stream: str, samples, ops: dict, *, trained: bool 
             if status[i] == MISSING:
                 continue
             bad = status[i] == ERROR
-            rows.append({
-                "record_id": hashlib.sha256(f"{sid}|{m}".encode()).hexdigest(), "sample_id": sid, "modality": m,
-                "event_time": us, "payload_sha256": None,
-                "embedding": None if bad else np.asarray(samples.embeddings[m][i], dtype=np.float32).tolist(),
-                "error_code": "undecodable" if bad else None, "error": "test: part could not be decoded" if bad else None,
-                "op_name": ops[m].name, "op_version": ops[m].version, "op_sha256": ops[m].sha256, "op_models": [],
-                "ort_version": "test", "execution_provider": "CPUExecutionProvider", "encoder_trained": trained,
-                "event_date": us // _US_PER_DAY,
-            })
+            rows.append(
+                {
+                    "record_id": hashlib.sha256(f"{sid}|{m}".encode()).hexdigest(),
+                    "sample_id": sid,
+                    "modality": m,
+                    "event_time": us,
+                    "payload_sha256": None,
+                    "embedding": None if bad else np.asarray(samples.embeddings[m][i], dtype=np.float32).tolist(),
+                    "error_code": "undecodable" if bad else None,
+                    "error": "test: part could not be decoded" if bad else None,
+                    "op_name": ops[m].name,
+                    "op_version": ops[m].version,
+                    "op_sha256": ops[m].sha256,
+                    "op_models": [],
+                    "ort_version": "test",
+                    "execution_provider": "CPUExecutionProvider",
+                    "encoder_trained": trained,
+                    "event_date": us // _US_PER_DAY,
+                }
+            )
     schema = features_schema(dim)
-    arrays = [pa.array([r[f.name] for r in rows],
-                       pa.int64() if f.name == "event_time" else pa.int32() if f.name == "event_date" else f.type)
-              for f in schema]
+    arrays = [
+        pa.array(
+            [r[f.name] for r in rows],
+            pa.int64() if f.name == "event_time" else pa.int32() if f.name == "event_date" else f.type,
+        )
+        for f in schema
+    ]
     table = pa.Table.from_arrays(arrays, names=schema.names)
-    table = table.set_column(schema.get_field_index("event_date"), "event_date",
-                             table.column("event_date").cast(pa.int32()).cast(pa.date32()))
+    table = table.set_column(
+        schema.get_field_index("event_date"),
+        "event_date",
+        table.column("event_date").cast(pa.int32()).cast(pa.date32()),
+    )
     table = table.cast(schema)
     dt = StreamTables(lake, stream).open("features")
-    write_deltalake(dt if dt is not None else StreamTables(lake, stream).uri("features"), table, mode="append",
-                    partition_by=["event_date"])
+    write_deltalake(
+        dt if dt is not None else StreamTables(lake, stream).uri("features"),
+        table,
+        mode="append",
+        partition_by=["event_date"],
+    )
     return table

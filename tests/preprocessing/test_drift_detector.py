@@ -10,9 +10,9 @@ import pytest
 
 from mmlake.preprocessing.drift.detector import ERROR, Detector, DriftConfig, Reference
 from mmlake.preprocessing.drift.run import run_drift
+from mmlake.preprocessing.drift.settings import DriftSettings
 from mmlake.preprocessing.drift.streams import stream
 from mmlake.preprocessing.errors import DriftStateError
-from mmlake.preprocessing.drift.settings import DriftSettings
 from tests.preprocessing.helpers import write_features
 
 CFG = DriftConfig()
@@ -33,8 +33,11 @@ def _raised(scenario: str, seed: int, n: int = 4000, change: int = 2600, **kw):
     det = Detector(CFG, Reference.fit(s.slice(0, CFG.reference), CFG))
     rows = det.feed(s.slice(CFG.reference, n))
     # Rows count samples from the end of the reference; the window's last sample, from the stream start:
-    return [(r["first_sample"] + CFG.reference + CFG.window - 1 - change, r["metric"]) for r in rows
-            if r["event"] == "raised"], rows
+    return [
+        (r["first_sample"] + CFG.reference + CFG.window - 1 - change, r["metric"])
+        for r in rows
+        if r["event"] == "raised"
+    ], rows
 
 
 def test_pairing_shuffle_is_found_within_two_windows_by_mutual_information() -> None:
@@ -43,8 +46,11 @@ def test_pairing_shuffle_is_found_within_two_windows_by_mutual_information() -> 
     first = {m: d for d, m in reversed(raised)}
     assert first["mi.image-text"] <= 2 * CFG.window
     # Marginals do not move: no per-modality metric of image or text fires.
-    assert not [m for _, m in raised if m.split(".")[0] in ("entropy", "js", "shift") and "+" not in m
-                and m.split(".")[1] in ("image", "text")], raised
+    assert not [
+        m
+        for _, m in raised
+        if m.split(".")[0] in ("entropy", "js", "shift") and "+" not in m and m.split(".")[1] in ("image", "text")
+    ], raised
 
 
 def test_image_covariate_shift_is_found_by_the_image_metrics_only() -> None:
@@ -186,8 +192,12 @@ def _concat(*parts):
     from mmlake.preprocessing.drift.detector import Samples
 
     whole = Samples.concat(list(parts), ["audio", "image", "text"])
-    return Samples(parts[0].times[0] + np.arange(len(whole), dtype=np.int64) * 100_000,
-                   [f"c-{i:06d}" for i in range(len(whole))], whole.embeddings, whole.status)
+    return Samples(
+        parts[0].times[0] + np.arange(len(whole), dtype=np.int64) * 100_000,
+        [f"c-{i:06d}" for i in range(len(whole))],
+        whole.embeddings,
+        whole.status,
+    )
 
 
 def test_a_chosen_reference_range_is_pinned_kept_by_a_rebuild_and_refused_when_too_small(tmp_path) -> None:
@@ -197,7 +207,9 @@ def test_a_chosen_reference_range_is_pinned_kept_by_a_rebuild_and_refused_when_t
 
     # 400 samples of a shifted image encoder, then a clean stream whose captions shuffle 1,000 samples
     # after the chosen reference ends: the user pins the clean stretch as the reference.
-    s = _concat(stream("covariate", 400, change=0, seed=13, magnitude=0.8), stream("shuffle", 2400, change=2000, seed=12))
+    s = _concat(
+        stream("covariate", 400, change=0, seed=13, magnitude=0.8), stream("shuffle", 2400, change=2000, seed=12)
+    )
     lo, hi = int(s.times[400]), int(s.times[1424])
     lake = str(tmp_path / "a")
     write_features(lake, "st", s.slice(0, 1000), OPS)
@@ -215,7 +227,9 @@ def test_a_chosen_reference_range_is_pinned_kept_by_a_rebuild_and_refused_when_t
     ends = [r["first_sample"] + CFG.window - 1 - 2400 for r in raised]
     assert raised and min(ends) >= 0 and min(ends) <= 2 * CFG.window  # shuffle at 400 + 2000
     book = DeltaTable(f"{lake}/st/drift_codebook").to_pyarrow_table().to_pylist()[0]
-    assert int(book["reference_from"].timestamp() * 1e6) == lo and int(book["reference_to"].timestamp() * 1e6) == int(s.times[1423])
+    assert int(book["reference_from"].timestamp() * 1e6) == lo and int(book["reference_to"].timestamp() * 1e6) == int(
+        s.times[1423]
+    )
 
     with pytest.raises(DriftStateError, match="pinned to .*--rebuild"):
         run_drift(lake, "st", ops=OPS, reference_range=(int(s.times[300]), hi))

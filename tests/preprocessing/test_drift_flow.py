@@ -28,9 +28,10 @@ def small_windows(monkeypatch, default_lineage):
 
 
 def _stream(lake: str, name: str, shuffle: int | None) -> None:
-    parts = [(p.sample_id, p.modality, p.payload, p.event_time_ms)
-             for p in samples(COUNT, start_ms=T0_MS, span_ms=SPAN_MS, seed=3, image_size=48,
-                              shuffle_pairs_after=shuffle)]
+    parts = [
+        (p.sample_id, p.modality, p.payload, p.event_time_ms)
+        for p in samples(COUNT, start_ms=T0_MS, span_ms=SPAN_MS, seed=3, image_size=48, shuffle_pairs_after=shuffle)
+    ]
     write_raw(lake, name, parts)
 
 
@@ -40,7 +41,8 @@ def _sample_at(us: int) -> float:
 
 @pytest.mark.slow
 def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_none(
-        prefect_harness, small_windows, tmp_path) -> None:
+    prefect_harness, small_windows, tmp_path
+) -> None:
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -52,8 +54,10 @@ def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_no
     _stream(lake, "shuffled", SHUFFLE_AT)
     _stream(lake, "steady", None)
     cpu = PreprocessSettings(provider="cpu", threads=2)
-    results = {name: preprocess_stream(stream=name, lake=LakeSettings(lake=lake), settings=cpu, then_drift=True).drift
-               for name in ("shuffled", "steady")}
+    results = {
+        name: preprocess_stream(stream=name, lake=LakeSettings(lake=lake), settings=cpu, then_drift=True).drift
+        for name in ("shuffled", "steady")
+    }
     assert results["steady"] is not None and results["shuffled"] is not None
 
     steady = StreamTables(lake, "steady").open("drift").to_pyarrow_table()
@@ -87,7 +91,9 @@ def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_no
 
     async def artifacts() -> list:
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["drift-shuffled"])))
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["drift-shuffled"]))
+            )
 
     found = anyio.run(artifacts)
     assert found and "**ALARM**" in found[0].data and "data:image/png;base64," in found[0].data
@@ -96,16 +102,41 @@ def test_pairing_shuffle_raises_an_alarm_within_two_windows_and_a_null_stream_no
 
 def test_drift_cli_errors_are_one_line(tmp_path: Path, operator_cache: str) -> None:
     env = {**os.environ, "MMLAKE_PREPROCESS_CACHE_DIR": operator_cache}
-    out = subprocess.run([sys.executable, "-m", "mmlake.flows.cli", "drift", "--stream", "nope", "--lake",
-                          str(tmp_path / "lake")], capture_output=True, text=True, cwd=ROOT, env=env, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-m", "mmlake.flows.cli", "drift", "--stream", "nope", "--lake", str(tmp_path / "lake")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=240,
+    )
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("mmlake: error: stream 'nope' has no features table")
     assert len(out.stderr.strip().splitlines()) == 1
-    for args, message in ((["--reference-from", "2026-01-01T00:00:00Z"], "a reference range needs both"),
-                          (["--reference-from", "2026-01-02T00:00:00Z", "--reference-to", "2026-01-01T00:00:00Z"],
-                           "--reference-from must be before --reference-to")):
-        out = subprocess.run([sys.executable, "-m", "mmlake.flows.cli", "drift", "--stream", "s", "--lake",
-                              str(tmp_path / "lake"), *args], capture_output=True, text=True, cwd=ROOT, env=env,
-                             timeout=240)
+    for args, message in (
+        (["--reference-from", "2026-01-01T00:00:00Z"], "a reference range needs both"),
+        (
+            ["--reference-from", "2026-01-02T00:00:00Z", "--reference-to", "2026-01-01T00:00:00Z"],
+            "--reference-from must be before --reference-to",
+        ),
+    ):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mmlake.flows.cli",
+                "drift",
+                "--stream",
+                "s",
+                "--lake",
+                str(tmp_path / "lake"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=240,
+        )
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"mmlake: error: {message}"), lines

@@ -19,7 +19,8 @@ COUNT = REFERENCE + AFTER + 2 * WINDOW + 48
 
 
 def test_a_pairing_shuffle_176_samples_after_the_reference_is_found_at_default_settings(
-        broker, new_topic, settings, operator_cache) -> None:
+    broker, new_topic, settings, operator_cache
+) -> None:
     from mmlake.preprocessing import run_preprocess
     from mmlake.preprocessing.drift import DriftSettings, run_drift
     from mmlake.preprocessing.settings import PreprocessSettings
@@ -27,10 +28,17 @@ def test_a_pairing_shuffle_176_samples_after_the_reference_is_found_at_default_s
     topic = new_topic(partitions=2)
     change = REFERENCE + AFTER
     with MultimodalProducer(broker.bootstrap) as producer:
-        for part in synth.samples(COUNT, start_ms=T0_MS, span_ms=SPAN_MS, seed=5, image_size=32,
-                                  shuffle_pairs_after=change):
-            producer.send(topic, part.payload, part.modality, event_time=part.event_time_ms,
-                          sample_id=part.sample_id, content_type=part.content_type)
+        for part in synth.samples(
+            COUNT, start_ms=T0_MS, span_ms=SPAN_MS, seed=5, image_size=32, shuffle_pairs_after=change
+        ):
+            producer.send(
+                topic,
+                part.payload,
+                part.modality,
+                event_time=part.event_time_ms,
+                sample_id=part.sample_id,
+                content_type=part.content_type,
+            )
     ingested = run_ingest(topic, "s", settings.with_overrides(allowed_lateness_s=3600))
     assert ingested.accepted == COUNT * 2 + COUNT // 4 and ingested.dead_lettered == 0
     assert run_preprocess(settings.lake, "s", PreprocessSettings(threads=2)).errors == 0

@@ -145,7 +145,7 @@ def test_codebook_is_deterministic_and_pinned() -> None:
     assert a.sha256 == b.sha256
     codes = a.assign(x)
     # Four well-separated clusters: each keeps one code.
-    assert [len(set(codes[i * 50:(i + 1) * 50].tolist())) for i in range(4)] == [1, 1, 1, 1]
+    assert [len(set(codes[i * 50 : (i + 1) * 50].tolist())) for i in range(4)] == [1, 1, 1, 1]
     assert len(set(codes.tolist())) == 4
     row = a.to_row()
     assert Codebook.from_row(row).sha256 == a.sha256

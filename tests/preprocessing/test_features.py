@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 import pytest
 
 from mmlake.lake import StreamTables
-from mmlake.preprocessing.errors import OperatorIntegrityError
 from mmlake.preprocessing.backfill import run_backfill
+from mmlake.preprocessing.errors import OperatorIntegrityError
 from mmlake.preprocessing.incremental import run_preprocess
 from mmlake.preprocessing.registry import DEFAULT_MANIFEST, Registry
 from mmlake.preprocessing.settings import PreprocessSettings
@@ -24,8 +24,9 @@ DAY_MS = 86_400_000
 def _features(lake: str, stream: str = "s") -> pa.Table:
     dt = StreamTables(lake, stream).open("features")
     assert dt is not None
-    return dt.to_pyarrow_table().sort_by([("event_time", "ascending"), ("record_id", "ascending"),
-                                          ("op_name", "ascending"), ("op_version", "ascending")])
+    return dt.to_pyarrow_table().sort_by(
+        [("event_time", "ascending"), ("record_id", "ascending"), ("op_name", "ascending"), ("op_version", "ascending")]
+    )
 
 
 def _version(lake: str, stream: str = "s") -> int:
@@ -115,7 +116,10 @@ def test_bad_payloads_become_error_rows_and_nothing_is_skipped(tmp_path: Path, s
     table = _features(lake)
     bad = table.filter(pc.is_valid(table.column("error_code"))).to_pylist()
     assert sorted((r["sample_id"], r["error_code"]) for r in bad) == [
-        ("bad-1", "image_undecodable"), ("bad-2", "text_empty"), ("bad-3", "audio_undecodable")]
+        ("bad-1", "image_undecodable"),
+        ("bad-2", "text_empty"),
+        ("bad-3", "audio_undecodable"),
+    ]
     assert all(r["embedding"] is None and r["error"] for r in bad)
 
 
@@ -128,12 +132,15 @@ def _v2_registry(tmp_path: Path, operator_cache: str) -> Registry:
     return Registry(doc, DEFAULT_MANIFEST.parent, Path(operator_cache))
 
 
-def test_backfill_replaces_only_its_range_and_a_rerun_changes_nothing(tmp_path: Path, settings,
-                                                                      operator_cache: str) -> None:
+def test_backfill_replaces_only_its_range_and_a_rerun_changes_nothing(
+    tmp_path: Path, settings, operator_cache: str
+) -> None:
     lake = str(tmp_path / "lake")
     # Four days of samples; captions end in a circled digit, so NFKC (v2) and NFC (v1) differ.
-    parts = [(s, m, (p.decode() + " \u2460").encode() if m == "text" else p, t)
-             for s, m, p, t in synth_parts(16, seed=6, span_ms=4 * DAY_MS)]
+    parts = [
+        (s, m, (p.decode() + " \u2460").encode() if m == "text" else p, t)
+        for s, m, p, t in synth_parts(16, seed=6, span_ms=4 * DAY_MS)
+    ]
     write_raw(lake, "s", parts)
     run_preprocess(lake, "s", settings)
     before = _features(lake)
@@ -145,8 +152,16 @@ def test_backfill_replaces_only_its_range_and_a_rerun_changes_nothing(tmp_path: 
 
     registry = _v2_registry(tmp_path, operator_cache)
     progress: list[tuple[int, int]] = []
-    summary = run_backfill(lake, "s", start, end, settings, operator="text_clip@2", registry=registry,
-                           on_progress=lambda d, t: progress.append((d, t)))
+    summary = run_backfill(
+        lake,
+        "s",
+        start,
+        end,
+        settings,
+        operator="text_clip@2",
+        registry=registry,
+        on_progress=lambda d, t: progress.append((d, t)),
+    )
     in_range_text = before.filter(pc.and_(inside(before), pc.equal(before.column("modality"), "text")))
     assert summary.rows == in_range_text.num_rows > 0
     assert progress[0][0] == 0 and progress[-1] == (in_range_text.num_rows, in_range_text.num_rows)
@@ -175,8 +190,12 @@ def test_backfill_with_the_default_operators_repairs_a_range(tmp_path: Path, set
     run_preprocess(lake, "s", settings)
     before = _features(lake)
     us = pa.timestamp("us", tz="UTC")
-    in_day2 = before.filter(pc.and_(pc.greater_equal(before.column("event_time"), pa.scalar((T0_MS + DAY_MS) * 1000, us)),
-                                    pc.less(before.column("event_time"), pa.scalar((T0_MS + 2 * DAY_MS) * 1000, us))))
+    in_day2 = before.filter(
+        pc.and_(
+            pc.greater_equal(before.column("event_time"), pa.scalar((T0_MS + DAY_MS) * 1000, us)),
+            pc.less(before.column("event_time"), pa.scalar((T0_MS + 2 * DAY_MS) * 1000, us)),
+        )
+    )
     victim = in_day2.column("record_id")[0].as_py()
     StreamTables(lake, "s").open("features").delete(f"record_id = '{victim}'")  # a row lost from day 2
     assert _features(lake).num_rows == before.num_rows - 1
@@ -186,12 +205,16 @@ def test_backfill_with_the_default_operators_repairs_a_range(tmp_path: Path, set
     from mmlake.lineage.query import explain_record
 
     info = explain_record(lake, "s", victim)  # reads the rewritten files (string_view columns) too
-    assert info["features"] == 1 and info["operators"][0][0] == in_day2.filter(
-        pc.equal(in_day2.column("record_id"), victim)).column("op_name")[0].as_py()
+    assert (
+        info["features"] == 1
+        and info["operators"][0][0]
+        == in_day2.filter(pc.equal(in_day2.column("record_id"), victim)).column("op_name")[0].as_py()
+    )
 
 
-def test_rows_made_by_other_bytes_under_the_same_version_are_refused(tmp_path: Path, settings,
-                                                                     operator_cache: str) -> None:
+def test_rows_made_by_other_bytes_under_the_same_version_are_refused(
+    tmp_path: Path, settings, operator_cache: str
+) -> None:
     lake = str(tmp_path / "lake")
     write_raw(lake, "s", synth_parts(3, seed=9))
     run_preprocess(lake, "s", settings)

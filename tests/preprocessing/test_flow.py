@@ -56,8 +56,9 @@ def test_preprocess_and_backfill_flows_write_features_lineage_and_artifacts(pref
 
     async def runs() -> list:
         async with get_client() as client:
-            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                name=FlowRunFilterName(any_=[f"backfill demo {start}..{end}"])))
+            return await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"backfill demo {start}..{end}"]))
+            )
 
     assert len(anyio.run(runs)) == 1  # the run is named after its range
 
@@ -68,13 +69,24 @@ def test_preprocess_and_backfill_flows_write_features_lineage_and_artifacts(pref
     assert [i["name"] for i in event["inputs"]][0].endswith("/demo/raw")
     assert event["outputs"][0]["name"].endswith("/demo/features")
     operators = event["run"]["facets"]["mmlake_onnx_operators"]["operators"]
-    assert {o["name"] for o in operators} >= {"image_preprocess", "efficientnet_lite0_in1k", "clip_text", "audio_logmel"}
+    assert {o["name"] for o in operators} >= {
+        "image_preprocess",
+        "efficientnet_lite0_in1k",
+        "clip_text",
+        "audio_logmel",
+    }
     assert all(len(o["sha256"]) == 64 and o["executionProvider"] == "CPUExecutionProvider" for o in operators)
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mmlake.flows.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "mmlake.flows.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=240,
+    )
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, operator_cache: str) -> None:
@@ -84,14 +96,37 @@ def test_cli_errors_are_one_line(tmp_path: Path, operator_cache: str) -> None:
     missing = _cli("preprocess", "--stream", "nope", "--lake", str(tmp_path / "lake"), env=env)
     assert missing.returncode == 1
     assert missing.stderr.strip().startswith("mmlake: error: stream 'nope' has no raw table")
-    backwards = _cli("backfill", "--stream", "s", "--from", "2026-01-02T00:00:00Z", "--to", "2026-01-01T00:00:00Z",
-                     "--lake", str(tmp_path / "lake"), env=env)
+    backwards = _cli(
+        "backfill",
+        "--stream",
+        "s",
+        "--from",
+        "2026-01-02T00:00:00Z",
+        "--to",
+        "2026-01-01T00:00:00Z",
+        "--lake",
+        str(tmp_path / "lake"),
+        env=env,
+    )
     assert backwards.returncode == 1 and backwards.stderr.strip() == (
-        "mmlake: error: --from must be before --to (got 2026-01-02T00:00:00Z .. 2026-01-01T00:00:00Z)")
+        "mmlake: error: --from must be before --to (got 2026-01-02T00:00:00Z .. 2026-01-01T00:00:00Z)"
+    )
     from tests.preprocessing.helpers import synth_parts, write_raw
 
     write_raw(str(tmp_path / "lake"), "s", synth_parts(1))
-    unknown = _cli("backfill", "--stream", "s", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z",
-                   "--operator", "image_clip@9", "--lake", str(tmp_path / "lake"), env=env)
+    unknown = _cli(
+        "backfill",
+        "--stream",
+        "s",
+        "--from",
+        "2026-01-01T00:00:00Z",
+        "--to",
+        "2026-01-02T00:00:00Z",
+        "--operator",
+        "image_clip@9",
+        "--lake",
+        str(tmp_path / "lake"),
+        env=env,
+    )
     assert unknown.returncode == 1
     assert unknown.stderr.strip() == "mmlake: error: no operator image_clip@9; registered: image_clip@1"

@@ -83,8 +83,11 @@ def test_onnx_clip_towers_match_torch_open_clip(ops, registry, cpu_options) -> N
     clip_image = load(registry.operator("image_clip@1"), registry, cpu_options)
     onnx_image = clip_image.encode_prepared(list(pixels.numpy()))
     assert _cosine(onnx_image, ref_image).min() >= 0.9999
-    onnx_text = ops["text"].encode([t.encode() for t in ["a red square on a dark background", "hello", "ÉTÉ",
-                                                          "x " * 100]]).embeddings
+    onnx_text = (
+        ops["text"]
+        .encode([t.encode() for t in ["a red square on a dark background", "hello", "ÉTÉ", "x " * 100]])
+        .embeddings
+    )
     assert _cosine(onnx_text, ref_text).min() >= 0.9999
     # End to end through our image graph: within the graph's tolerance, the embedding barely moves.
     ours = clip_image.encode([_png(p) for p in images]).embeddings
@@ -142,8 +145,12 @@ def test_outputs_are_bitwise_identical_across_runs_and_thread_counts(registry) -
     results = []
     for threads in (1, 2, 3, 2):
         options = resolve("cpu", threads, "all")
-        results.append({m: load(spec, registry, options).encode(inputs[m], batch_size=2).embeddings
-                        for m, spec in registry.default_operators().items()})
+        results.append(
+            {
+                m: load(spec, registry, options).encode(inputs[m], batch_size=2).embeddings
+                for m, spec in registry.default_operators().items()
+            }
+        )
     for other in results[1:]:
         for modality, values in results[0].items():
             assert values.tobytes() == other[modality].tobytes(), modality
@@ -160,7 +167,15 @@ def test_batch_size_does_not_change_text_embeddings(ops) -> None:
 def _float_wav() -> bytes:
     samples = np.zeros(800, "<f4").tobytes()
     fmt = b"fmt " + struct.pack("<IHHIIHH", 16, 3, 1, 16000, 64000, 4, 32)
-    return b"RIFF" + struct.pack("<I", 36 + len(samples)) + b"WAVE" + fmt + b"data" + struct.pack("<I", len(samples)) + samples
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(samples))
+        + b"WAVE"
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(samples))
+        + samples
+    )
 
 
 def test_bad_payloads_get_a_row_error_and_the_batch_goes_on(ops) -> None:
@@ -199,7 +214,7 @@ def test_logmel_graph_matches_a_numpy_stft(ops) -> None:
     graph = ops["audio"].sessions[0].run(None, {"waveform": signal[None, :]})[0][0]
     n_fft, hop = params["n_fft"], params["hop"]
     window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
-    frames = np.stack([signal[i:i + n_fft] * window for i in range(0, signal.size - n_fft + 1, hop)])
+    frames = np.stack([signal[i : i + n_fft] * window for i in range(0, signal.size - n_fft + 1, hop)])
     power = np.abs(np.fft.rfft(frames, axis=1)) ** 2
     mel = mel_filter_bank(params["sample_rate"], n_fft, params["n_mels"], params["f_min"], params["f_max"])
     expected = np.log(np.maximum(power @ mel, 1e-10))

@@ -43,8 +43,9 @@ def _copy_registry(tmp_path: Path) -> Path:
     return root / "operators.json"
 
 
-def test_a_tampered_committed_operator_file_is_refused_naming_the_file(tmp_path: Path, operator_cache: str,
-                                                                        cpu_options) -> None:
+def test_a_tampered_committed_operator_file_is_refused_naming_the_file(
+    tmp_path: Path, operator_cache: str, cpu_options
+) -> None:
     from mmlake.preprocessing.operators import load
 
     manifest = _copy_registry(tmp_path)
@@ -76,14 +77,25 @@ def test_cli_ops_verify_fails_in_one_line_on_a_tampered_file(tmp_path: Path, ope
     manifest = _copy_registry(tmp_path)
     target = manifest.parent / "models" / "image_preprocess-1.onnx"
     target.write_bytes(target.read_bytes() + b"\0")
-    env = {"MMLAKE_PREPROCESS_MANIFEST": str(manifest), "MMLAKE_PREPROCESS_CACHE_DIR": operator_cache,
-           "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-m", "mmlake.flows.cli", "ops", "verify", "--no-regenerate"],
-                          capture_output=True, text=True, env=env, cwd=Path(__file__).parents[2], timeout=120)
+    env = {
+        "MMLAKE_PREPROCESS_MANIFEST": str(manifest),
+        "MMLAKE_PREPROCESS_CACHE_DIR": operator_cache,
+        "PATH": "/usr/bin:/bin",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmlake.flows.cli", "ops", "verify", "--no-regenerate"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parents[2],
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "image_preprocess@1" in proc.stdout and "FAILED" in proc.stdout
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert errors == [errors[0]] and errors[0].startswith(f"mmlake: error: 1 of {len(Registry.load().models)} operator models failed")
+    assert errors == [errors[0]] and errors[0].startswith(
+        f"mmlake: error: 1 of {len(Registry.load().models)} operator models failed"
+    )
 
 
 def test_build_generated_checks_or_pins_each_generated_model(tmp_path: Path) -> None:
