@@ -195,6 +195,40 @@ class SafeCache:
             now = self.clock()
             return sum(self._expire(e, now) for e in list(self._entries.values()))
 
+    def _refresh(
+        self,
+        namespace: Namespace,
+        index: VectorIndex,
+        unit: np.ndarray,
+        tensors: Tensors,
+        nbytes: int,
+        now: float,
+        expires_at: float,
+        source: str | None,
+    ) -> Entry | None:
+        """A live entry of the namespace near-identical to ``unit`` (at ``refresh_similarity``), given the
+        new tensors, expiry and source in place of a new entry; None when there is none (expired ones met
+        on the way are dropped, which may free the namespace's index)."""
+        slots = index.candidates(unit)
+        sims = index.similarities(unit, slots)
+        for slot, sim in sorted(zip(slots, sims), key=lambda x: -x[1]):
+            if sim < self.settings.refresh_similarity:
+                return None
+            entry = self._entries[index.entry(slot)]  # type: ignore[index]
+            if self._expire(entry, now):
+                if namespace not in self._indexes:  # that was its last entry: the index is gone
+                    return None
+                continue
+            self._placement.unplace(entry)
+            entry.nbytes, entry.expires_at = nbytes, expires_at
+            self._placement.place(entry, tensors)
+            entry.source = source if source is not None else entry.source
+            entry.touch(now, float(sim))
+            self._counters.count(entry.tenant, "refreshes")
+            self._rebalance(protect=entry.id)
+            return entry
+        return None
+
     def _add(
         self,
         entry_id: str,
@@ -275,26 +309,10 @@ class SafeCache:
             key = lsh_key(index.lsh, primary)
             expires_at = now + (ttl_s if ttl_s is not None else s.ttl_s)
 
-            # Near-duplicate: refresh the existing entry in place of a new one.
-            slots = index.candidates(unit)
-            sims = index.similarities(unit, slots)
-            for slot, sim in sorted(zip(slots, sims), key=lambda x: -x[1]):
-                if sim < s.refresh_similarity:
-                    break
-                entry = self._entries[index.entry(slot)]  # type: ignore[index]
-                if self._expire(entry, now):
-                    if namespace not in self._indexes:  # that was its last entry: the index is gone
-                        break
-                    continue
-                self._placement.unplace(entry)
-                entry.nbytes, entry.expires_at = nbytes, expires_at
-                self._placement.place(entry, tensors)
-                entry.source = source if source is not None else entry.source
-                entry.touch(now, float(sim))
-                self._counters.count(tenant, "refreshes")
-                self._rebalance(protect=entry.id)
-                return PutResult(entry.id, entry.lsh_key, admitted=True, refreshed=True)
-            index = self._namespace_index(namespace, unit.size)  # again: expiries above may have freed it
+            refreshed = self._refresh(namespace, index, unit, tensors, nbytes, now, expires_at, source)
+            if refreshed is not None:
+                return PutResult(refreshed.id, refreshed.lsh_key, admitted=True, refreshed=True)
+            index = self._namespace_index(namespace, unit.size)  # again: expiries there may have freed it
             primary, members = index.primary_bucket(unit)
 
             # A bucket where distinct entries are confusable (similar enough to answer for each other)

@@ -19,6 +19,7 @@ same run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -26,7 +27,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from mmlake.flows.drift import drift_stream
 from mmlake.flows.preprocess import backfill_features, backfill_run_id
-from mmlake.flows.stages import BackfillPlan
+from mmlake.flows.stages import BackfillPlan, backfill_run_name
 from mmlake.lake import days, format_us
 from mmlake.lineage import LineageEmitter
 from mmlake.lineage.datasets import table_inputs, table_outputs
@@ -107,15 +108,7 @@ class BackfillResult:
         return "\n".join(lines)
 
 
-def _run_name() -> str:
-    from prefect.runtime import flow_run
-
-    parameters = flow_run.parameters
-    plan = BackfillPlan.model_validate(parameters["plan"])
-    return f"backfill {parameters['stream']} {plan.start}..{plan.end} ({plan.stages})"
-
-
-@flow(name="backfill", flow_run_name=_run_name, log_prints=False)
+@flow(name="backfill", flow_run_name=partial(backfill_run_name, with_stages=True), log_prints=False)
 def backfill(
     stream: str,
     plan: BackfillPlan,

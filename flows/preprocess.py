@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -16,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from mmlake.flows.retry import commit_is_transient
-from mmlake.flows.stages import BackfillPlan
+from mmlake.flows.stages import BackfillPlan, backfill_run_name
 from mmlake.lineage import LineageEmitter, static_run_id
 from mmlake.lineage.datasets import table_inputs, table_outputs
 from mmlake.lineage.facets import operators_run_facets
@@ -189,15 +190,7 @@ def preprocess_stream(
     return PreprocessResult(summary, drift_stream(stream=stream, lake=lake))
 
 
-def _backfill_run_name() -> str:
-    from prefect.runtime import flow_run
-
-    parameters = flow_run.parameters
-    plan = BackfillPlan.model_validate(parameters["plan"])
-    return f"backfill {parameters['stream']} {plan.start}..{plan.end}"
-
-
-@flow(name="backfill-features", flow_run_name=_backfill_run_name, log_prints=False)
+@flow(name="backfill-features", flow_run_name=partial(backfill_run_name, with_stages=False), log_prints=False)
 def backfill_features(
     stream: str,
     plan: BackfillPlan,

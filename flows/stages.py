@@ -60,3 +60,14 @@ class BackfillPlan(BaseModel):
     def day(self, start: str, end: str) -> BackfillPlan:
         """The same plan for one day of the range."""
         return self.model_copy(update={"start": start, "end": end})
+
+
+def backfill_run_name(*, with_stages: bool) -> str:
+    """The name of the running backfill flow run, from its ``stream`` and ``plan`` parameters:
+    ``backfill <stream> <start>..<end>``, and `` (<stages>)`` ``with_stages``."""
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    plan = BackfillPlan.model_validate(parameters["plan"])
+    name = f"backfill {parameters['stream']} {plan.start}..{plan.end}"
+    return f"{name} ({plan.stages})" if with_stages else name

@@ -141,7 +141,7 @@ class _Pipeline:
     are read again. The source is touched by one fetch at a time."""
 
     def __init__(self, run: IngestRun, source: KafkaSource, assigned: list[int], all_partitions: list[int]) -> None:
-        self.run_, self.source, self.assigned, self.all_partitions = run, source, assigned, all_partitions
+        self.owner, self.source, self.assigned, self.all_partitions = run, source, assigned, all_partitions
         self.committed_records = self.routed_records = 0
         self.pending: Future[list[Any]] | None = None  # the next fetch
         self.inflight: tuple[Future[dict[str, int]], Batch, list[Any], int | None] | None = None  # committing
@@ -149,19 +149,19 @@ class _Pipeline:
 
     def room_after(self, consumed: int) -> int:
         """How many records the next fetch may take once ``consumed`` have been read."""
-        room = self.run_.settings.batch_max_records
-        if self.run_.max_records is not None:
-            room = min(room, self.run_.max_records - consumed)
+        room = self.owner.settings.batch_max_records
+        if self.owner.max_records is not None:
+            room = min(room, self.owner.max_records - consumed)
         return room
 
     def fetch(self, consumed: int) -> Future[list[Any]]:
-        settings = self.run_.settings
+        settings = self.owner.settings
         return self.source.submit_fetch(self.room_after(consumed), settings.batch_max_bytes, settings.idle_timeout_s)
 
     def next_records(self) -> tuple[list[Any], bool]:
         """The next fetched records (the fetch after them already under way) and whether the run is
         finished once they are handled."""
-        if self.run_.stop.is_set():
+        if self.owner.stop.is_set():
             return [], True
         if self.pending is None and self.room_after(self.routed_records) <= 0:
             return [], True
@@ -185,20 +185,20 @@ class _Pipeline:
         except MmlakeError:
             raise
         except Exception as err:
-            raise self.run_.failure(records, err) from err
+            raise self.owner.failure(records, err) from err
         self.streak = 0
         self.committed_records += len(records)
-        summary = self.run_.summary
+        summary = self.owner.summary
         summary.account(batch, appended)
         if watermark is not None:
             summary.watermark_us = watermark
-        if self.run_.on_batch is not None:
-            self.run_.on_batch(summary)
+        if self.owner.on_batch is not None:
+            self.owner.on_batch(summary)
 
     def start_over(self) -> None:
         """After a lost commit race: back off, reload the state the Delta log holds and read again from
         there. Raises CommitConflictError when the races are lost too often in a row."""
-        run = self.run_
+        run = self.owner
         _drain(self.pending)
         self.pending = None
         run.summary.conflicts += 1
@@ -215,7 +215,7 @@ class _Pipeline:
         self.routed_records = self.committed_records
 
     def run(self) -> None:
-        run = self.run_
+        run = self.owner
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmlake-commit")
         try:
             if not run.stop.is_set() and self.room_after(0) > 0:

@@ -23,24 +23,22 @@ if TYPE_CHECKING:
 # -- argument types ---------------------------------------------------------------------------------
 
 
-def non_negative_int(text: str) -> int:
+def _whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a number {'>= 0' if least == 0 else '> 0'}, got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    return _whole_number(text, 0)
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
-    return value
+    return _whole_number(text, 1)
 
 
 def port(text: str) -> int:

@@ -335,6 +335,116 @@ def _settled_config(cfg: DriftConfig, pinned: DriftState, settings: DriftSetting
     )
 
 
+@dataclass
+class _Start:
+    """Where a run's scoring starts: the configuration and reference it scores with, the detector (fresh,
+    or with the state of the last commit), the new samples, the index of the first scored sample in the
+    stream (``offset``), the samples consumed before, the last sample consumed (or the reference's)."""
+
+    cfg: DriftConfig
+    ref: Reference
+    detector: Detector
+    new: Samples
+    offset: int
+    consumed_before: int
+    reference_end: tuple[int, str]
+    status: str
+
+
+def _fresh(
+    tables: StreamTables,
+    features: Any,
+    ops: dict[str, OperatorSpec],
+    op_pins: dict[str, str],
+    cfg: DriftConfig,
+    chosen: tuple[int, int] | None,
+    book_rows: list[dict[str, Any]],
+    pinned_range: tuple[int, int] | None,
+    rebuild: bool,
+) -> _Start | str:
+    """A start from the reference: the codebooks of the table when they fit these settings, samples and
+    operators, else fitted anew (and written); or why the reference is not complete yet."""
+    samples = read_samples(features, ops)
+    span = _reference_span(samples, cfg, chosen)
+    if isinstance(span, str):
+        return span
+    first, end = span
+    ref = None
+    if book_rows and not rebuild:
+        ref = _load_reference(book_rows)
+        if (
+            book_rows[0]["config_sha256"] != cfg.sha256
+            or pinned_range != chosen
+            or {r["modality"]: r["op_sha256"] for r in book_rows} != {m: op_pins.get(m) for m in ref.codebooks}
+        ):
+            ref = None  # an earlier reference for other settings, samples or operators: refit
+    if ref is None:
+        ref = Reference.fit(samples.slice(first, end), cfg)
+        _write_reference(tables, ref, ops, cfg.sha256, (int(samples.times[first]), int(samples.times[end - 1])), chosen)
+        status = f"reference fitted on samples {first + 1}..{end}" + (f" ({_describe(chosen, cfg)})" if chosen else "")
+    else:
+        status = "reference loaded"
+    reference_end = (int(samples.times[end - 1]), samples.ids[end - 1])
+    return _Start(cfg, ref, Detector(cfg, ref), samples.slice(end, len(samples)), end, end, reference_end, status)
+
+
+def _resumed(
+    tables: StreamTables,
+    features: Any,
+    ops: dict[str, OperatorSpec],
+    op_pins: dict[str, str],
+    cfg: DriftConfig,
+    state: DriftState,
+    settings: DriftSettings,
+    book_rows: list[dict[str, Any]],
+) -> _Start:
+    """A start from the last commit's state: its codebooks, its settings (where only defaults moved), the
+    samples the next window starts with. :class:`DriftStateError` when the state cannot be continued."""
+    if not book_rows:
+        raise DriftStateError(
+            f"{tables.uri('drift')} has a state but {tables.uri('drift_codebook')} is gone: `mmlake drift --rebuild`"
+        )
+    ref = _load_reference(book_rows)
+    if ref.sha256 != state.codebook_sha256:
+        raise DriftStateError(
+            f"the drift state was scored with codebook {state.codebook_sha256[:12]}, the "
+            f"pinned codebook is {ref.sha256[:12]}: `mmlake drift --rebuild`"
+        )
+    note = ""
+    if state.config_sha256 != cfg.sha256:
+        cfg, note = _settled_config(cfg, state, settings)
+    changed = sorted(m for m in ref.codebooks if state.operators.get(m) != op_pins.get(m))
+    if changed:
+        raise DriftStateError(
+            f"the default operator of {', '.join(changed)} changed since the codebooks were "
+            "fitted (its embeddings are not comparable): `mmlake drift --rebuild`"
+        )
+    since = state.detector["tail_from_us"]
+    cursor = state.cursor
+    samples = read_samples(features, ops, since if since is not None else cursor[0])
+    tail_ids = state.detector["tail_ids"]
+    index = {s: i for i, s in enumerate(samples.ids)}
+    missing = [s for s in tail_ids if s not in index]
+    if missing:
+        raise DriftStateError(
+            f"{len(missing)} samples the next window starts with are gone from the features "
+            f"table (e.g. {missing[0]}): `mmlake drift --rebuild`"
+        )
+    tail = _take(samples, [index[s] for s in tail_ids])
+    new = samples.slice(_after(samples, cursor), len(samples))
+    offset = cfg.reference if state.offset is None else state.offset
+    return _Start(
+        cfg,
+        ref,
+        Detector(cfg, ref, state.detector, tail),
+        new,
+        offset,
+        state.consumed,
+        cursor,
+        "continued from the last drift commit" + note,
+    )
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 
@@ -400,75 +510,14 @@ def run_drift(
         )
 
     if state is None:
-        samples = read_samples(features, ops)
-        span = _reference_span(samples, cfg, chosen)
-        if isinstance(span, str):
-            summary.status = span
+        start = _fresh(tables, features, ops, op_pins, cfg, chosen, book_rows, pinned_range, rebuild)
+        if isinstance(start, str):
+            summary.status = start
             return summary
-        first, end = span
-        ref = None
-        if book_rows and not rebuild:
-            ref = _load_reference(book_rows)
-            if (
-                book_rows[0]["config_sha256"] != cfg.sha256
-                or pinned_range != chosen
-                or {r["modality"]: r["op_sha256"] for r in book_rows} != {m: op_pins.get(m) for m in ref.codebooks}
-            ):
-                ref = None  # an earlier reference for other settings, samples or operators: refit
-        if ref is None:
-            ref = Reference.fit(samples.slice(first, end), cfg)
-            _write_reference(
-                tables, ref, ops, cfg.sha256, (int(samples.times[first]), int(samples.times[end - 1])), chosen
-            )
-            summary.status = f"reference fitted on samples {first + 1}..{end}" + (
-                f" ({_describe(chosen, cfg)})" if chosen else ""
-            )
-        else:
-            summary.status = "reference loaded"
-        detector = Detector(cfg, ref)
-        reference_end = (int(samples.times[end - 1]), samples.ids[end - 1])
-        new = samples.slice(end, len(samples))
-        offset = consumed_before = end
     else:
-        if not book_rows:
-            raise DriftStateError(
-                f"{tables.uri('drift')} has a state but {tables.uri('drift_codebook')} is gone: "
-                "`mmlake drift --rebuild`"
-            )
-        ref = _load_reference(book_rows)
-        if ref.sha256 != state.codebook_sha256:
-            raise DriftStateError(
-                f"the drift state was scored with codebook {state.codebook_sha256[:12]}, the "
-                f"pinned codebook is {ref.sha256[:12]}: `mmlake drift --rebuild`"
-            )
-        note = ""
-        if state.config_sha256 != cfg.sha256:
-            cfg, note = _settled_config(cfg, state, settings)
-        changed = sorted(m for m in ref.codebooks if state.operators.get(m) != op_pins.get(m))
-        if changed:
-            raise DriftStateError(
-                f"the default operator of {', '.join(changed)} changed since the codebooks were "
-                "fitted (its embeddings are not comparable): `mmlake drift --rebuild`"
-            )
-        since = state.detector["tail_from_us"]
-        cursor = state.cursor
-        samples = read_samples(features, ops, since if since is not None else cursor[0])
-        tail_ids = state.detector["tail_ids"]
-        index = {s: i for i, s in enumerate(samples.ids)}
-        missing = [s for s in tail_ids if s not in index]
-        if missing:
-            raise DriftStateError(
-                f"{len(missing)} samples the next window starts with are gone from the features "
-                f"table (e.g. {missing[0]}): `mmlake drift --rebuild`"
-            )
-        tail = _take(samples, [index[s] for s in tail_ids])
-        start = _after(samples, cursor)
-        new = samples.slice(start, len(samples))
-        detector = Detector(cfg, ref, state.detector, tail)
-        consumed_before = state.consumed
-        offset = cfg.reference if state.offset is None else state.offset
-        reference_end = cursor
-        summary.status = "continued from the last drift commit" + note
+        start = _resumed(tables, features, ops, op_pins, cfg, state, settings, book_rows)
+    cfg, ref, detector, new, offset = start.cfg, start.ref, start.detector, start.new, start.offset
+    summary.status = start.status
 
     if max_samples is not None:
         new = new.slice(0, max_samples)
@@ -489,13 +538,13 @@ def run_drift(
     if not len(new) and not rebuild:
         summary.status += "; nothing new"
         return summary
-    last = (int(new.times[-1]), new.ids[-1]) if len(new) else reference_end
+    last = (int(new.times[-1]), new.ids[-1]) if len(new) else start.reference_end
     new_state = DriftState(
         codebook_sha256=ref.sha256,
         config_sha256=cfg.sha256,
         config=cfg.model_dump(),
         operators={m: op_pins.get(m) for m in ref.codebooks},
-        consumed=consumed_before + len(new),
+        consumed=start.consumed_before + len(new),
         cursor=last,
         offset=offset,
         reference_range=chosen,
