@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request  # at module level: FastAPI resolves the route annotations from here
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from mmlake.cache.auth import Tokens, caller, load_tokens, tenant_of
@@ -64,17 +66,186 @@ def error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
 
-def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
-    """The FastAPI application serving ``cache`` to the tenants (and operators) of ``tokens``."""
+@dataclass(frozen=True)
+class Service:
+    """What the handlers serve from (``app.state.service``): the cache, who may call, the request-body
+    reader and the metrics."""
+
+    cache: SafeCache
+    tokens: Tokens
+    reader: BodyReader
+    exporter: CacheMetrics
+
+    def tenant(self, request: Request) -> str:
+        """The tenant of the request's bearer token (401 without a known one, 403 for an operator's)."""
+        return tenant_of(self.tokens, request.headers.get("authorization", ""))
+
+
+def _service(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+async def _cache_error(request: Request, err: Exception) -> JSONResponse:
+    assert isinstance(err, CacheError)
+    return error(status_of(err), str(err).splitlines()[0] if str(err) else type(err).__name__)
+
+
+async def _invalid(request: Request, err: Exception) -> JSONResponse:
+    assert isinstance(err, RequestValidationError)
+    first = (err.errors() or [{}])[0]
+    where = ".".join(str(x) for x in first.get("loc", ())) or "request"
+    return error(400, f"bad {where}: {first.get('msg', 'invalid')}")
+
+
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+async def store(request: Request) -> JSONResponse:
+    """Store KV tensors under an embedding."""
     import torch
-    from fastapi.exceptions import RequestValidationError
     from starlette.concurrency import run_in_threadpool
 
+    service = _service(request)
+    owner = service.tenant(request)
+    async with service.reader.body(request, service.cache.settings.max_body_bytes) as body:
+        tensors, metadata = parse_safetensors(body)
+        embedding = tensors.pop("embedding", None)
+        if embedding is None:
+            raise BadRequestError("safetensors file has no 'embedding' tensor")
+        if embedding.dtype != torch.float32 or embedding.dim() != 1:
+            raise BadRequestError(f"'embedding' must be 1-D float32, got {embedding.dtype} {tuple(embedding.shape)}")
+        check_servable(tensors)
+        model_id = metadata.get("model_id")
+        if not model_id:
+            raise BadRequestError("__metadata__ has no model_id")
+        ttl_s = None
+        if "ttl_s" in metadata:
+            try:
+                ttl_s = float(metadata["ttl_s"])
+            except ValueError:
+                raise BadRequestError(f"ttl_s {metadata['ttl_s'][:40]!r} is not a number") from None
+            if not np.isfinite(ttl_s):
+                raise BadRequestError("ttl_s must be a finite number")
+        result = await run_in_threadpool(
+            service.cache.put,
+            owner,
+            model_id,
+            embedding.numpy(),
+            tensors,
+            ttl_s=ttl_s,
+            source=metadata.get("source"),
+            salt=metadata.get("salt"),
+        )
+    payload: dict[str, Any] = {"id": result.id, "lsh_key": result.lsh_key, "admitted": result.admitted}
+    if result.refreshed:
+        payload["refreshed"] = True
+    if result.reason:
+        payload["reason"] = result.reason
+    return JSONResponse(payload, status_code=201)
+
+
+async def lookup(request: Request) -> Response:
+    """Look up the KV tensors of the most similar entry at or above the threshold."""
+    from starlette.concurrency import run_in_threadpool
+
+    service = _service(request)
+    owner = service.tenant(request)
+    body = await json_body(service.reader, request, service.cache.settings.max_json_depth)
+    query = validated(LookupQuery, body, _LOOKUP_MESSAGES)
+    started = time.perf_counter()
+    result = await run_in_threadpool(
+        service.cache.lookup,
+        owner,
+        query.model_id,
+        np.asarray(query.embedding, dtype=np.float64),
+        min_similarity=query.min_similarity,
+        salt=query.salt,
+    )
+    service.exporter.observe_lookup(time.perf_counter() - started)
+    if isinstance(result, Hit):
+        size, chunks = safetensors_chunks(result.tensors)
+
+        async def stream() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+        return StreamingResponse(
+            stream(),
+            media_type="application/octet-stream",
+            headers={
+                "X-SafeCache-Id": result.id,
+                "X-SafeCache-Similarity": f"{result.similarity:.6f}",
+                "Content-Length": str(size),
+            },
+        )
+    return JSONResponse(
+        {"error": "miss", "best_similarity": result.best_similarity, "reason": result.reason}, status_code=404
+    )
+
+
+async def invalidate(request: Request) -> dict[str, int]:
+    """Extension to v1: drop this tenant's entries stored with ``__metadata__.source == source``."""
+    from starlette.concurrency import run_in_threadpool
+
+    service = _service(request)
+    owner = service.tenant(request)
+    body = await json_body(service.reader, request, service.cache.settings.max_json_depth)
+    query = validated(SourceQuery, body, _SOURCE_MESSAGES)
+    return {"invalidated": await run_in_threadpool(service.cache.invalidate_source, owner, query.source)}
+
+
+async def delete(entry_id: str, request: Request) -> Response:
+    """Delete one of this tenant's entries (another tenant's id is not found)."""
+    from starlette.concurrency import run_in_threadpool
+
+    service = _service(request)
+    if await run_in_threadpool(service.cache.delete, service.tenant(request), entry_id):
+        return Response(status_code=204)
+    return error(404, f"no entry {entry_id[:80]}")
+
+
+async def stats(request: Request) -> dict[str, Any]:
+    """This tenant's own figures: entries, bytes and share per tier, counters, models."""
+    service = _service(request)
+    return service.cache.stats(service.tenant(request))
+
+
+async def metrics(request: Request) -> PlainTextResponse:
+    """For operators: Prometheus text with per-tenant series (tenants get 403)."""
+    service = _service(request)
+    if not caller(service.tokens, request.headers.get("authorization", "")).operator:
+        raise ForbiddenError("/metrics is for operator tokens (see the tokens file)")
+    return PlainTextResponse(service.exporter.text(), media_type="text/plain; version=0.0.4")
+
+
+_LOOKUP_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "A hit: a safetensors file of the KV tensors (no embedding).",
+        "content": SAFETENSORS,
+        "headers": {
+            "X-SafeCache-Id": {"schema": {"type": "string"}},
+            "X-SafeCache-Similarity": {"schema": {"type": "string"}},
+        },
+    },
+    404: {"model": MissBody, "description": "A miss: nothing close enough."},
+    **errors(400, 401, 403, 408, 413, 503),
+}
+_METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Prometheus text, per-tenant series.",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    },
+    **errors(401, 403),
+}
+
+
+def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
+    """The FastAPI application serving ``cache`` to the tenants (and operators) of ``tokens``."""
     who = Tokens.of(tokens)
     cache.set_shares(who.shares, tenants=who.names())
     settings = cache.settings
-    reader = BodyReader(settings.max_inflight_bytes, settings.body_timeout_s)
-    exporter = CacheMetrics(cache)
     app = FastAPI(
         title="SafeCache",
         version="1",
@@ -83,165 +254,31 @@ def create_app(cache: SafeCache, tokens: Tokens | Mapping[str, str]) -> FastAPI:
         description="KV caches of transformer prefixes, keyed by embeddings, reused only for "
         "near-identical prompts. See docs/cache.md.",
     )
-
-    def tenant(request: Request) -> str:
-        return tenant_of(who, request.headers.get("authorization", ""))
-
-    @app.exception_handler(CacheError)
-    async def _cache_error(request: Request, err: CacheError) -> JSONResponse:
-        return error(status_of(err), str(err).splitlines()[0] if str(err) else type(err).__name__)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        first = (err.errors() or [{}])[0]
-        where = ".".join(str(x) for x in first.get("loc", ())) or "request"
-        return error(400, f"bad {where}: {first.get('msg', 'invalid')}")
-
-    @app.get("/healthz", responses={200: {"description": "The server answers."}})
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.post(
+    app.state.service = Service(
+        cache, who, BodyReader(settings.max_inflight_bytes, settings.body_timeout_s), CacheMetrics(cache)
+    )
+    app.add_exception_handler(CacheError, _cache_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.get("/healthz", responses={200: {"description": "The server answers."}})(healthz)
+    app.post(
         "/v1/kv",
         status_code=201,
         response_model=StoredBody,
         openapi_extra=STORE_BODY,
         responses=errors(400, 401, 403, 408, 413, 429, 503),
-    )
-    async def store(request: Request) -> JSONResponse:
-        """Store KV tensors under an embedding."""
-        owner = tenant(request)
-        async with reader.body(request, settings.max_body_bytes) as body:
-            tensors, metadata = parse_safetensors(body)
-            embedding = tensors.pop("embedding", None)
-            if embedding is None:
-                raise BadRequestError("safetensors file has no 'embedding' tensor")
-            if embedding.dtype != torch.float32 or embedding.dim() != 1:
-                raise BadRequestError(
-                    f"'embedding' must be 1-D float32, got {embedding.dtype} {tuple(embedding.shape)}"
-                )
-            check_servable(tensors)
-            model_id = metadata.get("model_id")
-            if not model_id:
-                raise BadRequestError("__metadata__ has no model_id")
-            ttl_s = None
-            if "ttl_s" in metadata:
-                try:
-                    ttl_s = float(metadata["ttl_s"])
-                except ValueError:
-                    raise BadRequestError(f"ttl_s {metadata['ttl_s'][:40]!r} is not a number") from None
-                if not np.isfinite(ttl_s):
-                    raise BadRequestError("ttl_s must be a finite number")
-            result = await run_in_threadpool(
-                cache.put,
-                owner,
-                model_id,
-                embedding.numpy(),
-                tensors,
-                ttl_s=ttl_s,
-                source=metadata.get("source"),
-                salt=metadata.get("salt"),
-            )
-        payload: dict[str, Any] = {"id": result.id, "lsh_key": result.lsh_key, "admitted": result.admitted}
-        if result.refreshed:
-            payload["refreshed"] = True
-        if result.reason:
-            payload["reason"] = result.reason
-        return JSONResponse(payload, status_code=201)
-
-    @app.post(
-        "/v1/kv/lookup",
-        openapi_extra=json_request(LookupQuery),
-        responses={
-            200: {
-                "description": "A hit: a safetensors file of the KV tensors (no embedding).",
-                "content": SAFETENSORS,
-                "headers": {
-                    "X-SafeCache-Id": {"schema": {"type": "string"}},
-                    "X-SafeCache-Similarity": {"schema": {"type": "string"}},
-                },
-            },
-            404: {"model": MissBody, "description": "A miss: nothing close enough."},
-            **errors(400, 401, 403, 408, 413, 503),
-        },
-    )
-    async def lookup(request: Request) -> Response:
-        """Look up the KV tensors of the most similar entry at or above the threshold."""
-        owner = tenant(request)
-        query = validated(LookupQuery, await json_body(reader, request, settings.max_json_depth), _LOOKUP_MESSAGES)
-        started = time.perf_counter()
-        result = await run_in_threadpool(
-            cache.lookup,
-            owner,
-            query.model_id,
-            np.asarray(query.embedding, dtype=np.float64),
-            min_similarity=query.min_similarity,
-            salt=query.salt,
-        )
-        exporter.observe_lookup(time.perf_counter() - started)
-        if isinstance(result, Hit):
-            size, chunks = safetensors_chunks(result.tensors)
-
-            async def stream() -> AsyncIterator[bytes]:
-                for chunk in chunks:
-                    yield chunk
-
-            return StreamingResponse(
-                stream(),
-                media_type="application/octet-stream",
-                headers={
-                    "X-SafeCache-Id": result.id,
-                    "X-SafeCache-Similarity": f"{result.similarity:.6f}",
-                    "Content-Length": str(size),
-                },
-            )
-        return JSONResponse(
-            {"error": "miss", "best_similarity": result.best_similarity, "reason": result.reason}, status_code=404
-        )
-
-    @app.post(
+    )(store)
+    app.post("/v1/kv/lookup", openapi_extra=json_request(LookupQuery), responses=_LOOKUP_RESPONSES)(lookup)
+    app.post(
         "/v1/kv/invalidate",
         response_model=InvalidatedBody,
         openapi_extra=json_request(SourceQuery),
         responses=errors(400, 401, 403, 408, 413, 503),
-    )
-    async def invalidate(request: Request) -> dict[str, int]:
-        """Extension to v1: drop this tenant's entries stored with ``__metadata__.source == source``."""
-        owner = tenant(request)
-        query = validated(SourceQuery, await json_body(reader, request, settings.max_json_depth), _SOURCE_MESSAGES)
-        return {"invalidated": await run_in_threadpool(cache.invalidate_source, owner, query.source)}
-
-    @app.delete(
+    )(invalidate)
+    app.delete(
         "/v1/kv/{entry_id}", status_code=204, responses={204: {"description": "Deleted."}, **errors(400, 401, 403, 404)}
-    )
-    async def delete(entry_id: str, request: Request) -> Response:
-        """Delete one of this tenant's entries (another tenant's id is not found)."""
-        owner = tenant(request)
-        if await run_in_threadpool(cache.delete, owner, entry_id):
-            return Response(status_code=204)
-        return error(404, f"no entry {entry_id[:80]}")
-
-    @app.get("/v1/stats", response_model=StatsBody, responses=errors(401, 403))
-    async def stats(request: Request) -> dict[str, Any]:
-        """This tenant's own figures: entries, bytes and share per tier, counters, models."""
-        return cache.stats(tenant(request))
-
-    @app.get(
-        "/metrics",
-        responses={
-            200: {
-                "description": "Prometheus text, per-tenant series.",
-                "content": {"text/plain": {"schema": {"type": "string"}}},
-            },
-            **errors(401, 403),
-        },
-    )
-    async def metrics(request: Request) -> PlainTextResponse:
-        """For operators: Prometheus text with per-tenant series (tenants get 403)."""
-        if not caller(who, request.headers.get("authorization", "")).operator:
-            raise ForbiddenError("/metrics is for operator tokens (see the tokens file)")
-        return PlainTextResponse(exporter.text(), media_type="text/plain; version=0.0.4")
-
+    )(delete)
+    app.get("/v1/stats", response_model=StatsBody, responses=errors(401, 403))(stats)
+    app.get("/metrics", responses=_METRICS_RESPONSES)(metrics)
     return app
 
 
