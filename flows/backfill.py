@@ -27,7 +27,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from mmlake.flows.drift import drift_stream
 from mmlake.flows.preprocess import backfill_features, backfill_run_id
-from mmlake.flows.stages import BackfillPlan, backfill_run_name
+from mmlake.flows.stages import BackfillPlan, artifact_key, backfill_run_name
 from mmlake.lake import days, format_us
 from mmlake.lineage import LineageEmitter
 from mmlake.lineage.datasets import table_inputs, table_outputs
@@ -172,7 +172,7 @@ def backfill(
         result.skipped_days,
     )
     create_markdown_artifact(
-        key=f"backfill-{stream}".lower().replace("_", "-"),
+        key=artifact_key("backfill", stream),
         markdown=result.markdown(),
         description=f"backfill {stream} {plan.start}..{plan.end}",
     )

@@ -9,6 +9,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from mmlake.flows.retry import commit_is_transient
+from mmlake.flows.stages import artifact_key
 from mmlake.lake import StreamTables
 from mmlake.lineage import LineageEmitter
 from mmlake.lineage.datasets import table_inputs, table_outputs, with_drift_assertions
@@ -85,7 +86,5 @@ def drift_stream(
             run_facets=drift_run_facets(summary.window_rows),
         )
     shown = report(tables, summary)
-    create_markdown_artifact(
-        key=f"drift-{stream}".lower().replace("_", "-"), markdown=shown.markdown, description=summary.line()
-    )
+    create_markdown_artifact(key=artifact_key("drift", stream), markdown=shown.markdown, description=summary.line())
     return DriftResult.of(summary, shown)

@@ -13,6 +13,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from mmlake.flows.retry import ingest_is_transient
+from mmlake.flows.stages import artifact_key
 from mmlake.ingest import IngestSettings, IngestSummary, run_ingest
 from mmlake.lineage import LineageEmitter
 from mmlake.lineage.datasets import kafka_input, table_outputs
@@ -103,7 +104,7 @@ def ingest_stream(
             outputs=stream_outputs(settings, stream, summary),
         )
     create_markdown_artifact(
-        key=f"ingest-{stream}".lower().replace("_", "-"),
+        key=artifact_key("ingest", stream),
         markdown=_summary_markdown(summary),
         description=summary.line(),
     )

@@ -17,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from mmlake.flows.retry import commit_is_transient
-from mmlake.flows.stages import BackfillPlan, backfill_run_name
+from mmlake.flows.stages import BackfillPlan, artifact_key, backfill_run_name
 from mmlake.lineage import LineageEmitter, static_run_id
 from mmlake.lineage.datasets import table_inputs, table_outputs
 from mmlake.lineage.facets import operators_run_facets
@@ -179,7 +179,7 @@ def preprocess_stream(
         operators,
         max_rows,
         None,
-        f"preprocess-{stream}".lower().replace("_", "-"),
+        artifact_key("preprocess", stream),
         cancel,
         progress,
     )
@@ -209,7 +209,7 @@ def backfill_features(
         None,
         None,
         plan,
-        f"backfill-{stream}".lower().replace("_", "-"),
+        artifact_key("backfill", stream),
         None,
         progress,
     )

@@ -3,6 +3,8 @@ checks them before Prefect is imported and its API chosen)."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from mmlake.errors import InputError
@@ -10,6 +12,16 @@ from mmlake.lake import time_range
 
 PIPELINE_STAGES = ("ingest", "preprocess", "drift")
 BACKFILL_STAGES = ("preprocess", "drift")
+
+
+def artifact_key(kind: str, stream: str) -> str:
+    """The key of a stream's Prefect artifacts of one kind (``ingest``, ``drift``, ...): Prefect takes
+    lowercase letters, digits and dashes only, so any valid stream name gives a valid key.
+
+    >>> artifact_key("ingest", "Frames_v2.hd")
+    'ingest-frames-v2-hd'
+    """
+    return re.sub(r"[^a-z0-9-]", "-", f"{kind}-{stream}".lower())
 
 
 def parse_stages(stages: str | list[str] | None, allowed: tuple[str, ...], what: str) -> list[str]:

@@ -198,9 +198,25 @@ def check_lake(lake: str, *, create: bool = False) -> None:
         raise InputError(f"lake {lake} cannot be created: {probe} is not writable")
 
 
+#: What a stream (and so its folder under the lake) may be called: ASCII letters and digits, then also
+#: ``.``, ``_`` and ``-``, at most 200 characters, never ``..``. A name can neither leave
+#: ``<lake>/<stream>/`` nor clash with the lake's own folders (``_lineage``, ``_plots``).
+STREAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+STREAM_NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 200, no '..'"
+
+
+def check_stream_name(stream: str) -> str:
+    """``stream`` when it is a valid stream name (:data:`STREAM_NAME`); a one-line :class:`InputError`
+    naming the rule otherwise."""
+    if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream) or ".." in stream:
+        raise InputError(f"stream name {str(stream)[:80]!r} is not allowed: use {STREAM_NAME_RULE}")
+    return stream
+
+
 def table_uri(lake: str, stream: str, table: str) -> str:
-    """Location of ``<lake>/<stream>/<table>``; a local lake path is made absolute."""
-    return f"{lake_root(lake)}/{stream}/{table}"
+    """Location of ``<lake>/<stream>/<table>``; a local lake path is made absolute. The stream name is
+    checked (:func:`check_stream_name`): nothing outside ``<lake>/<stream>/`` is ever addressed."""
+    return f"{lake_root(lake)}/{check_stream_name(stream)}/{table}"
 
 
 @dataclass(frozen=True)
@@ -210,6 +226,9 @@ class StreamTables:
     lake: str
     stream: str
     storage_options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_stream_name(self.stream)
 
     def uri(self, table: str) -> str:
         return table_uri(self.lake, self.stream, table)

@@ -6,7 +6,7 @@ import argparse
 import signal
 from typing import TYPE_CHECKING
 
-from mmlake.flows.cli.options import add_kafka, ingest_settings, port, positive_int
+from mmlake.flows.cli.options import add_kafka, ingest_settings, port, positive_int, topic_name
 
 if TYPE_CHECKING:
     from mmlake.flows.cli.options import Commands
@@ -25,7 +25,7 @@ def register(commands: Commands) -> None:
 
     p = commands.add_parser("produce", help="produce a folder of files or a JSONL manifest into a topic")
     p.add_argument("path", help="a folder (.png .jpg .wav .txt) or a JSONL manifest")
-    p.add_argument("--topic", required=True)
+    p.add_argument("--topic", required=True, type=topic_name)
     p.add_argument("--partitions", type=positive_int, default=1, help="partitions if the topic is created")
     add_kafka(p)
     p.set_defaults(func=produce)

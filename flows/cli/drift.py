@@ -6,7 +6,14 @@ import argparse
 from typing import TYPE_CHECKING
 
 from mmlake.errors import InputError
-from mmlake.flows.cli.options import add_lake, add_reference_range, ingest_settings, positive_int, reference_range
+from mmlake.flows.cli.options import (
+    add_lake,
+    add_reference_range,
+    ingest_settings,
+    positive_int,
+    reference_range,
+    stream_name,
+)
 
 if TYPE_CHECKING:
     from mmlake.flows.cli.options import Commands
@@ -14,7 +21,7 @@ if TYPE_CHECKING:
 
 def register(commands: Commands) -> None:
     p = commands.add_parser("drift", help="score drift windows over a stream's new features")
-    p.add_argument("--stream", required=True)
+    p.add_argument("--stream", required=True, type=stream_name)
     add_lake(p)
     p.add_argument(
         "--rebuild",

@@ -15,6 +15,8 @@ from mmlake.flows.cli.options import (
     non_negative_float,
     partitions,
     positive_int,
+    stream_name,
+    topic_name,
 )
 
 if TYPE_CHECKING:
@@ -23,8 +25,8 @@ if TYPE_CHECKING:
 
 def register(commands: Commands) -> None:
     p = commands.add_parser("ingest", help="ingest a topic into a stream's Delta tables (exactly once)")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--stream", required=True)
+    p.add_argument("--topic", required=True, type=topic_name)
+    p.add_argument("--stream", required=True, type=stream_name)
     add_lake(p)
     add_kafka(p)
     p.add_argument("--follow", action="store_true", help="keep going until stopped (default: what is there now)")
@@ -39,13 +41,13 @@ def register(commands: Commands) -> None:
     p.set_defaults(func=ingest)
 
     p = commands.add_parser("compact", help="z-order a stream's tables by event time, checkpoint and vacuum")
-    p.add_argument("--stream", required=True)
+    p.add_argument("--stream", required=True, type=stream_name)
     add_lake(p)
     p.add_argument("--retention-hours", type=non_negative_float, default=168.0)
     p.set_defaults(func=compact)
 
     p = commands.add_parser("read", help="print a stream's rows in event-time order")
-    p.add_argument("--stream", required=True)
+    p.add_argument("--stream", required=True, type=stream_name)
     add_lake(p)
     p.add_argument("--from", dest="start", help="first event time (RFC 3339 or epoch ms), inclusive")
     p.add_argument("--to", dest="end", help="last event time, exclusive")

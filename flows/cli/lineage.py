@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from mmlake.flows.cli.options import add_lake, ingest_settings, positive_int
+from mmlake.flows.cli.options import add_lake, ingest_settings, positive_int, stream_name
 
 if TYPE_CHECKING:
     from mmlake.flows.cli.options import Commands
@@ -20,7 +20,7 @@ def register(commands: Commands) -> None:
     add_lake(p)
     p.set_defaults(func=graph)
     p = lineage.add_parser("explain", help="provenance of one record, from Kafka to drift windows")
-    p.add_argument("--stream", required=True)
+    p.add_argument("--stream", required=True, type=stream_name)
     p.add_argument("--record-id", required=True)
     add_lake(p)
     p.set_defaults(func=explain)

@@ -4,6 +4,7 @@ settings models built from them (flags over the environment, which is over the d
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import threading
 from pathlib import Path
@@ -56,6 +57,30 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
     return value
+
+
+def stream_name(text: str) -> str:
+    """A stream name (``mmlake.lake.STREAM_NAME``): checked before anything is created."""
+    from mmlake.lake import check_stream_name
+
+    try:
+        return check_stream_name(text)
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+#: Kafka's rule for topic names: its legal characters, at most 249, not "." or "..".
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def topic_name(text: str) -> str:
+    """A Kafka topic name: checked before anything is created or sent."""
+    if not _TOPIC.fullmatch(text) or text in (".", ".."):
+        raise argparse.ArgumentTypeError(
+            f"topic name {text[:80]!r} is not allowed: use letters, digits, '.', '_' and '-', at most 249, "
+            "not '.' or '..'"
+        )
+    return text
 
 
 def partitions(text: str) -> list[int]:

@@ -16,6 +16,7 @@ from mmlake.flows.cli.options import (
     positive_int,
     preprocess_settings,
     reference_range,
+    stream_name,
 )
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 def register(commands: Commands) -> None:
     p = commands.add_parser("preprocess", help="compute the features rows a stream is missing (ONNX operators)")
-    p.add_argument("--stream", required=True)
+    p.add_argument("--stream", required=True, type=stream_name)
     add_lake(p)
     p.add_argument(
         "--operator",
@@ -40,7 +41,7 @@ def register(commands: Commands) -> None:
     p.set_defaults(func=preprocess)
 
     p = commands.add_parser("backfill", help="re-run an event-time range through the stages (features, then drift)")
-    p.add_argument("--stream", required=True)
+    p.add_argument("--stream", required=True, type=stream_name)
     p.add_argument("--from", dest="start", required=True, help="first event time (RFC 3339 or epoch ms), inclusive")
     p.add_argument("--to", dest="end", required=True, help="last event time, exclusive")
     p.add_argument("--operator", metavar="NAME@VERSION", help="only this operator's modality, with this operator")

@@ -14,6 +14,8 @@ from mmlake.flows.cli.options import (
     partitions,
     positive_int,
     read_text,
+    stream_name,
+    topic_name,
 )
 
 if TYPE_CHECKING:
@@ -22,8 +24,8 @@ if TYPE_CHECKING:
 
 def register(commands: Commands) -> None:
     p = commands.add_parser("serve", help="serve the stream's flows on their schedules (pipeline, cache warm-up)")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--stream", required=True)
+    p.add_argument("--topic", required=True, type=topic_name)
+    p.add_argument("--stream", required=True, type=stream_name)
     p.add_argument(
         "--interval",
         type=positive_int,
