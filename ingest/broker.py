@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from functools import partial
 from types import TracebackType
 
 from mmlake.ingest.errors import BrokerStartError, BrokerUnavailableError
@@ -140,9 +141,13 @@ class EmbeddedBroker:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
-        """Start the broker and wait until it answers Kafka requests."""
+    def start(self, timeout_s: float = 20.0, *, die_with_parent: bool = False) -> EmbeddedBroker:
+        """Start the broker and wait until it answers Kafka requests. A port something else listens on is
+        refused (:class:`BrokerStartError`): otherwise the readiness check would find that other listener.
+        ``die_with_parent`` (Linux): the broker gets SIGTERM when this process dies, however it dies (a
+        SIGKILL included), so a supervisor's restart never finds the old broker holding the port."""
         url = f"tcp://{self.host}:{self.port}"
+        _check_port_free(self.host, self.port)
         try:
             self._proc = subprocess.Popen(
                 [
@@ -159,6 +164,7 @@ class EmbeddedBroker:
                 stdout=subprocess.DEVNULL,
                 stderr=self._log,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it
+                preexec_fn=partial(_terminate_with_parent, os.getpid()) if die_with_parent else None,
             )
         except OSError as err:
             raise BrokerStartError(f"cannot start the embedded broker: {err}") from err
@@ -211,3 +217,32 @@ class EmbeddedBroker:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """A one-line :class:`BrokerStartError` when something listens on ``host:port`` already."""
+    import errno
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise BrokerStartError(
+                    f"port {port} on {host} is in use: stop what listens there, or choose another --port"
+                ) from None
+            raise BrokerStartError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+
+
+def _terminate_with_parent(parent: int) -> None:
+    """In the broker's process before it runs (Linux): SIGTERM when ``parent``, the process that started
+    it, dies. A parent that died before the signal was set up is caught by the check after it."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)

@@ -34,7 +34,7 @@ def register(commands: Commands) -> None:
 def broker(args: argparse.Namespace) -> int:
     from mmlake.ingest.broker import EmbeddedBroker
 
-    running = EmbeddedBroker(port=args.port, storage=args.storage).start()
+    running = EmbeddedBroker(port=args.port, storage=args.storage).start(die_with_parent=True)
     kept = "in memory" if running.storage.startswith("memory://") else f"log in {running.storage}"
     print(f"embedded Kafka broker (Tansu, {kept}) at {running.bootstrap}; Ctrl-C stops it", flush=True)
 
